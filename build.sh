@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# replikafka build entry point.
+#   ./build.sh test [pytest args]   set up .venv, generate stubs, run the default test suite
+#   ./build.sh test --long          also the long fault-injection and fuzz runs
+#   ./build.sh demo                 ZooKeeper + 3 brokers, produce, read with Spark, kill a broker
+#   ./build.sh bench [storage|cluster|replication|spark ...]   benchmarks, printed as a table
+#   ./build.sh setup                only set up .venv and generate stubs
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+
+setup() {
+    if [ ! -x "$PY" ]; then
+        echo "build.sh: creating $VENV" >&2
+        python3 -m venv "$VENV"
+    fi
+    local stamp="$VENV/.replikafka-installed"
+    if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        echo "build.sh: installing pinned dependencies" >&2
+        "$PY" -m pip install -q -r requirements.lock
+        "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null \
+            || "$PY" -m pip install -q --no-deps -e .
+        touch "$stamp"
+    fi
+    gen_stubs
+}
+
+gen_stubs() {
+    local proto=python/replikafka/protocol/replikafka.proto
+    local out=python/replikafka/protocol/replikafka_pb2.py
+    if [ ! -f "$out" ] || [ "$proto" -nt "$out" ]; then
+        "$PY" -m grpc_tools.protoc -Ipython --python_out=python --grpc_python_out=python "$proto"
+    fi
+}
+
+export PYSPARK_PYTHON="$PY"
+export PYSPARK_DRIVER_PYTHON="$PY"
+
+cmd=${1:-test}
+shift || true
+case "$cmd" in
+    setup) setup ;;
+    test) setup; exec "$PY" -m pytest "$@" ;;
+    demo) setup; exec "$PY" -m replikafka.demo "$@" ;;
+    bench) setup; exec "$PY" -m bench "$@" ;;
+    *) echo "usage: ./build.sh test|demo|bench|setup" >&2; exit 2 ;;
+esac

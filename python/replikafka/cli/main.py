@@ -1,0 +1,60 @@
+"""`replikafka <command>`: the command line entry point (also `python -m replikafka`).
+
+Each sub-command lives in its own module exposing ``add_parser(subparsers)``
+and ``run(args) -> int``. Errors become a one-line message and a non-zero exit,
+never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> module under replikafka.cli
+COMMANDS = {
+    "zookeeper": "zookeeper_cmd",
+    "broker": "broker_cmd",
+    "cluster": "cluster_cmd",
+    "topics": "topics_cmd",
+    "console-producer": "console_producer_cmd",
+    "console-consumer": "console_consumer_cmd",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="replikafka", description="replikafka: a replicated Arrow log store")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, module in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"replikafka.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"replikafka.cli.{module}":
+                continue  # command not built in this tree
+            raise
+        mod.add_parser(sub, name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from replikafka.errors import ReplikafkaError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ReplikafkaError as exc:
+        sys.stderr.write(f"replikafka {args.command}: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
