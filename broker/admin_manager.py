@@ -1,0 +1,113 @@
+"""Admin requests any broker accepts: create/delete topics, add partitions,
+producer ids. They are validated here and written to ZooKeeper; the
+controller, watching those paths, does the rest. The request then waits
+(bounded) until this broker's metadata shows the result.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+from replikafka import errors as E
+from replikafka import records as R
+from replikafka.broker.config import validate_topic_config
+from replikafka.broker.controller.controller import random_assignment
+from replikafka.protocol import replikafka_pb2 as pb
+
+log = logging.getLogger("replikafka.admin")
+TIMEOUT_MS_MAX = 120_000
+
+
+class AdminManager:
+    def __init__(self, config, store, metadata):
+        self.config = config
+        self.store = store
+        self.metadata = metadata
+        self.pid_lock = threading.Lock()
+        self.pid_next = 0
+        self.pid_end = 0
+
+    def _timeout_s(self, timeout_ms: int) -> float:
+        return min(timeout_ms if timeout_ms > 0 else 30_000, TIMEOUT_MS_MAX) / 1000.0
+
+    def create_topic(self, req: pb.CreateTopicRequest) -> None:
+        R.validate_topic_name(req.name)
+        if req.partitions == 0 and not req.assignment:
+            n = self.config.get("num.partitions")
+        else:
+            n = req.partitions
+        if n <= 0 and not req.assignment:
+            raise E.InvalidPartitionsError(f"topic {req.name!r}: number of partitions must be at least 1, got {n}")
+        rf = req.replication_factor if req.replication_factor != -1 else self.config.get("default.replication.factor")
+        if rf == 0 and not req.assignment:
+            rf = self.config.get("default.replication.factor")
+        topic_schema = R.parse_schema(req.schema or None)
+        cfg = validate_topic_config(dict(req.config))
+        cfg["topic.id"] = uuid.uuid4().hex
+        if self.store.get_assignment(req.name) is not None:
+            raise E.TopicExistsError(f"topic {req.name!r} already exists")
+        if req.name in self.store.topics_pending_deletion():
+            raise E.TopicExistsError(f"topic {req.name!r} is being deleted; try again shortly")
+        live = sorted(self.store.live_brokers())
+        if req.assignment:
+            assignment = {p: list(r.replicas) for p, r in req.assignment.items()}
+            if sorted(assignment) != list(range(len(assignment))):
+                raise E.InvalidPartitionsError(f"topic {req.name!r}: explicit assignment must cover partitions 0..n-1")
+            for p, reps in assignment.items():
+                bad = [b for b in reps if b not in live]
+                if not reps or len(set(reps)) != len(reps) or bad:
+                    raise E.InvalidReplicationFactorError(
+                        f"topic {req.name!r} partition {p}: replicas {reps} must be distinct live brokers {live}")
+        else:
+            if rf <= 0:
+                raise E.InvalidReplicationFactorError(f"replication factor must be at least 1, got {rf}")
+            assignment = random_assignment(n, rf, live)
+        stored = R.stored_schema(topic_schema)
+        self.store.create_topic(req.name, assignment, R.schema_to_bytes(stored), cfg)
+        log.info("topic %s created: %s", req.name, assignment)
+        want = len(assignment)
+        ok = self.metadata.wait_for(
+            lambda m: (t := m.topics.get(req.name)) is not None and len(t.partitions) >= want
+            and all(s.leader >= 0 for s in t.partitions.values()), self._timeout_s(req.timeout_ms))
+        if not ok:
+            raise E.RequestTimedOutError(
+                f"topic {req.name!r} was created but not every partition has a leader yet")
+
+    def delete_topic(self, req: pb.DeleteTopicRequest) -> None:
+        if not self.config.get("delete.topic.enable"):
+            raise E.TopicDeletionDisabledError("delete.topic.enable is false on this cluster")
+        R.validate_topic_name(req.name)
+        if self.store.get_assignment(req.name) is None:
+            raise E.UnknownTopicOrPartitionError(f"topic {req.name!r} does not exist")
+        self.store.request_topic_deletion(req.name)
+        ok = self.metadata.wait_for(lambda m: req.name not in m.topics, self._timeout_s(req.timeout_ms))
+        if not ok:
+            raise E.RequestTimedOutError(f"deletion of topic {req.name!r} was requested but has not finished")
+
+    def create_partitions(self, req: pb.CreatePartitionsRequest) -> None:
+        R.validate_topic_name(req.name)
+        assignment = self.store.get_assignment(req.name)
+        if assignment is None:
+            raise E.UnknownTopicOrPartitionError(f"topic {req.name!r} does not exist")
+        current = len(assignment)
+        if req.total_count <= current:
+            raise E.InvalidPartitionsError(
+                f"topic {req.name!r} has {current} partitions; the new count {req.total_count} must be larger")
+        rf = len(assignment[0])
+        live = sorted(self.store.live_brokers())
+        extra = random_assignment(req.total_count - current, rf, live, first_partition=current)
+        self.store.set_assignment(req.name, {**assignment, **extra})
+        ok = self.metadata.wait_for(
+            lambda m: (t := m.topics.get(req.name)) is not None and len(t.partitions) >= req.total_count,
+            self._timeout_s(req.timeout_ms))
+        if not ok:
+            raise E.RequestTimedOutError(f"partitions of {req.name!r} were added but have no leader yet")
+
+    def init_producer_id(self) -> tuple[int, int]:
+        with self.pid_lock:
+            if self.pid_next >= self.pid_end:
+                self.pid_next, self.pid_end = self.store.allocate_producer_id_block()
+            pid = self.pid_next
+            self.pid_next += 1
+            return pid, 0

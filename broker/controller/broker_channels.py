@@ -1,0 +1,100 @@
+"""The controller's channels to brokers: one ordered sender per live broker.
+
+Each broker gets a single worker thread with a bounded queue, so requests to
+one broker arrive in the order the controller decided them and a slow or dead
+broker never blocks the controller's event thread. A request to a broker that
+is unreachable is retried with backoff until it succeeds or the broker is
+removed (its death is the controller's next event anyway).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import grpc
+
+from replikafka.protocol import replikafka_pb2_grpc as pbg
+
+log = logging.getLogger(__name__)
+QUEUE_MAX = 10_000
+RETRY_BACKOFF_S = 0.1
+
+
+class BrokerChannel:
+    def __init__(self, broker_id: int, host: str, port: int, request_timeout_s: float):
+        self.broker_id = broker_id
+        self.target = f"{host}:{port}"
+        self.channel = grpc.insecure_channel(self.target, options=[
+            ("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)])
+        self.stub = pbg.ReplikafkaStub(self.channel)
+        self.timeout_s = request_timeout_s
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_MAX)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"controller-to-broker-{broker_id}", daemon=True)
+        self.thread.start()
+
+    def send(self, method: str, request, on_response=None) -> None:
+        self.queue.put((method, request, on_response), timeout=self.timeout_s)
+
+    def do_work(self, timeout_s: float = 0.5) -> bool:
+        try:
+            method, request, on_response = self.queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return False
+        while not self.stopped.is_set():
+            try:
+                resp = getattr(self.stub, method)(request, timeout=self.timeout_s)
+                if on_response is not None:
+                    on_response(self.broker_id, resp)
+                return True
+            except grpc.RpcError as exc:
+                log.debug("%s to broker %d failed: %s; retrying", method, self.broker_id, exc.code())
+                time.sleep(RETRY_BACKOFF_S)
+        return False
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.do_work()
+            except Exception:  # a callback bug must not kill the channel
+                log.exception("controller channel to broker %d", self.broker_id)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.channel.close()
+
+
+class ControllerChannelManager:
+    """Thread-safe map broker id -> BrokerChannel."""
+
+    def __init__(self, request_timeout_s: float = 30.0):
+        self.timeout_s = request_timeout_s
+        self.channels: dict[int, BrokerChannel] = {}
+        self.lock = threading.Lock()
+
+    def set_brokers(self, live: dict[int, tuple[str, int]]) -> None:
+        with self.lock:
+            for bid in list(self.channels):
+                ch = self.channels[bid]
+                if bid not in live or live[bid] != tuple(ch.target.rsplit(":", 1)[0:1]) + (int(ch.target.rsplit(":", 1)[1]),):
+                    ch.close()
+                    del self.channels[bid]
+            for bid, (host, port) in live.items():
+                if bid not in self.channels:
+                    self.channels[bid] = BrokerChannel(bid, host, port, self.timeout_s)
+
+    def send(self, broker_id: int, method: str, request, on_response=None) -> None:
+        with self.lock:
+            ch = self.channels.get(broker_id)
+        if ch is None:
+            log.debug("no channel to broker %d for %s", broker_id, method)
+            return
+        ch.send(method, request, on_response)
+
+    def close(self) -> None:
+        with self.lock:
+            for ch in self.channels.values():
+                ch.close()
+            self.channels.clear()

@@ -1,0 +1,254 @@
+"""One partition on this broker: its log, its role, and the shell around the
+pure :class:`LeaderState` (HW, ISR) and :class:`ProducerStateManager`.
+
+Thread-safe: one lock per partition guards role, log mutations and state;
+``cond`` is notified whenever the LEO or the HW moves, which wakes acks=all
+waiters and long-polling fetches.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from replikafka import errors as E
+from replikafka.broker.partition_state import LeaderState
+from replikafka.broker.producer_state import Duplicate, ProducerStateManager
+
+LEADER, FOLLOWER, NONE = "leader", "follower", "none"
+
+
+@dataclass
+class ProduceResult:
+    first_offset: int
+    last_offset: int
+    record_count: int
+    duplicate: bool = False
+
+
+class Partition:
+    def __init__(self, topic: str, partition: int, broker_id: int, log, clock, hw: int = 0):
+        self.topic = topic
+        self.partition = partition
+        self.broker_id = broker_id
+        self.log = log
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.role = NONE
+        self.leader_id = -1
+        self.leader_epoch = -1
+        self.replicas: tuple[int, ...] = ()
+        self.isr: tuple[int, ...] = ()
+        self.zk_version = -1
+        self.controller_epoch = -1
+        self.leader_state: LeaderState | None = None
+        self._hw = min(hw, log.log_end_offset)
+        self.producers = ProducerStateManager()
+        for h in log.batch_headers(0):
+            self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset)
+
+    @property
+    def tp(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+    @property
+    def hw(self) -> int:
+        return self.leader_state.hw if self.leader_state is not None else self._hw
+
+    # ------------------------------------------------------------ role changes
+    def make_leader(self, leader_epoch: int, isr, replicas, zk_version: int, controller_epoch: int) -> bool:
+        """Become (or stay) leader. Returns False for a stale request (older epoch)."""
+        with self.lock:
+            if leader_epoch < self.leader_epoch:
+                return False
+            now = self.clock.time_ms()
+            if self.role == LEADER and leader_epoch == self.leader_epoch:
+                # Same epoch: only the ISR or its znode version moved.
+                self.leader_state.isr = tuple(isr)
+                self.leader_state.zk_version = zk_version
+                self.isr, self.zk_version, self.replicas = tuple(isr), zk_version, tuple(replicas)
+                self.cond.notify_all()
+                return True
+            leo = self.log.log_end_offset
+            self.log.leader_epoch_cache.assign(leader_epoch, leo)
+            self.role, self.leader_id, self.leader_epoch = LEADER, self.broker_id, leader_epoch
+            self.isr, self.replicas, self.zk_version = tuple(isr), tuple(replicas), zk_version
+            self.controller_epoch = controller_epoch
+            self.leader_state = LeaderState(self.broker_id, leader_epoch, tuple(replicas), tuple(isr), zk_version,
+                                            hw=min(self.hw, leo), epoch_start_offset=leo, now_ms=now)
+            self.leader_state.maybe_advance_hw(leo)
+            self.cond.notify_all()
+            return True
+
+    def make_follower(self, leader: int, leader_epoch: int, isr, replicas, zk_version: int,
+                      controller_epoch: int) -> bool:
+        """Become a follower of ``leader``. Returns True when fetching must (re)start
+        (new leader or new epoch), False for a stale or repeated request."""
+        with self.lock:
+            if leader_epoch < self.leader_epoch or (leader_epoch == self.leader_epoch and self.role == FOLLOWER
+                                                    and leader == self.leader_id):
+                self.isr, self.zk_version = tuple(isr), zk_version
+                return False
+            if self.leader_state is not None:
+                self._hw = self.leader_state.hw
+            self.role, self.leader_id, self.leader_epoch = FOLLOWER, leader, leader_epoch
+            self.isr, self.replicas, self.zk_version = tuple(isr), tuple(replicas), zk_version
+            self.controller_epoch = controller_epoch
+            self.leader_state = None
+            self.cond.notify_all()
+            return leader >= 0
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.leader_state is not None:
+                self._hw = self.leader_state.hw
+            self.role, self.leader_state = NONE, None
+            self.cond.notify_all()
+
+    def check_epoch(self, current_leader_epoch: int) -> None:
+        """KIP-320 fencing of a request carrying the caller's view of the epoch."""
+        if current_leader_epoch < 0:
+            return
+        if current_leader_epoch < self.leader_epoch:
+            raise E.FencedLeaderEpochError(
+                f"{self.topic}-{self.partition}: request epoch {current_leader_epoch} < current {self.leader_epoch}")
+        if current_leader_epoch > self.leader_epoch:
+            raise E.UnknownLeaderEpochError(
+                f"{self.topic}-{self.partition}: request epoch {current_leader_epoch} > known {self.leader_epoch}")
+
+    def _require_leader(self) -> LeaderState:
+        if self.role != LEADER or self.leader_state is None:
+            raise E.NotLeaderOrFollowerError(
+                f"broker {self.broker_id} is not the leader of {self.topic}-{self.partition} "
+                f"(leader is {self.leader_id})")
+        return self.leader_state
+
+    # ------------------------------------------------------------ leader: produce
+    def append_as_leader(self, batches, acks: int, min_insync: int, producer_id: int = -1,
+                         producer_epoch: int = -1, base_sequence: int = -1) -> ProduceResult:
+        count = sum(b.num_rows for b in batches)
+        with self.lock:
+            st = self._require_leader()
+            if acks == -1 and len(st.isr) < min_insync:
+                raise E.NotEnoughReplicasError(
+                    f"{self.topic}-{self.partition}: ISR {list(st.isr)} has fewer than "
+                    f"min.insync.replicas={min_insync} members")
+            dup = self.producers.check(producer_id, producer_epoch, base_sequence, count)
+            if isinstance(dup, Duplicate):
+                return ProduceResult(dup.first_offset, dup.last_offset, count, duplicate=True)
+            info = self.log.append(batches, leader_epoch=self.leader_epoch, producer_id=producer_id,
+                                   producer_epoch=producer_epoch, base_sequence=base_sequence)
+            self.producers.update(producer_id, producer_epoch, base_sequence, count, info.first_offset,
+                                  self.clock.time_ms())
+            st.maybe_advance_hw(self.log.log_end_offset)
+            self.cond.notify_all()
+            return ProduceResult(info.first_offset, info.last_offset, count)
+
+    def wait_committed(self, offset_exclusive: int, deadline_ms: int, min_insync: int) -> None:
+        """acks=all: wait until the HW reaches ``offset_exclusive``."""
+        with self.lock:
+            while True:
+                st = self._require_leader()
+                if st.hw >= offset_exclusive:
+                    if len(st.isr) < min_insync:
+                        raise E.NotEnoughReplicasAfterAppendError(
+                            f"{self.topic}-{self.partition}: ISR shrank to {list(st.isr)} below "
+                            f"min.insync.replicas={min_insync}")
+                    return
+                left = deadline_ms - self.clock.time_ms()
+                if left <= 0:
+                    raise E.RequestTimedOutError(
+                        f"{self.topic}-{self.partition}: not replicated to the ISR {list(st.isr)} in time")
+                self.cond.wait(min(left, 100) / 1000.0)
+
+    # ------------------------------------------------------------ leader: reads
+    def read_committed(self, offset: int, max_bytes: int, current_leader_epoch: int, columns=None):
+        """Consumers: data in [offset, HW); [HW, LEO] gives an empty result."""
+        with self.lock:
+            st = self._require_leader()
+            self.check_epoch(current_leader_epoch)
+            hw, leo, lso = st.hw, self.log.log_end_offset, self.log.log_start_offset
+        if offset < lso or offset > leo:
+            raise E.OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: offset {offset} is outside [{lso}, {leo}]")
+        if offset >= hw:
+            return None, hw, leo, lso
+        return self.log.read(offset, max_bytes, hw, columns=columns), hw, leo, lso
+
+    def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, current_leader_epoch: int):
+        """A follower's fetch: records its LEO (may move the HW), returns raw batches."""
+        with self.lock:
+            st = self._require_leader()
+            self.check_epoch(current_leader_epoch)
+            leo, lso = self.log.log_end_offset, self.log.log_start_offset
+            if offset > leo or offset < lso:
+                raise E.OffsetOutOfRangeError(
+                    f"{self.topic}-{self.partition}: follower offset {offset} is outside [{lso}, {leo}]")
+            if st.on_follower_fetch(replica_id, offset, leo, self.clock.time_ms()):
+                self.cond.notify_all()
+            hw = st.hw
+        raw = self.log.read_raw(offset, max_bytes) if offset < leo else None
+        return raw, hw, leo, lso
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        with self.lock:
+            return self.log.leader_epoch_cache.end_offset_for(epoch, self.log.log_end_offset)
+
+    # ------------------------------------------------------------ leader: ISR
+    def isr_change_wanted(self, lag_time_ms_max: int) -> tuple[int, ...] | None:
+        with self.lock:
+            st = self.leader_state
+            if self.role != LEADER or st is None:
+                return None
+            leo = self.log.log_end_offset
+            new = st.isr_to_shrink(self.clock.time_ms(), leo, lag_time_ms_max) or st.isr_to_expand()
+            if new is not None:
+                st.pending_isr = new
+            return new
+
+    def isr_change_done(self, isr, zk_version: int | None) -> None:
+        with self.lock:
+            st = self.leader_state
+            if st is None:
+                return
+            if zk_version is None:
+                st.pending_isr = None
+                return
+            self.isr, self.zk_version = tuple(isr), zk_version
+            if st.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset):
+                pass
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------ follower
+    def append_as_follower(self, raw, leader_hw: int, expected_epoch: int) -> int:
+        """Append replicated batches verbatim; returns records appended."""
+        with self.lock:
+            if self.role != FOLLOWER or self.leader_epoch != expected_epoch:
+                return 0
+            n = 0
+            if raw is not None and len(raw):
+                before = self.log.log_end_offset
+                info = self.log.append_raw(raw)
+                n = info.record_count
+                for h in self.log.batch_headers(before):
+                    self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count,
+                                          h.base_offset)
+            new_hw = min(leader_hw, self.log.log_end_offset)
+            if new_hw > self._hw:
+                self._hw = new_hw
+            self.cond.notify_all()
+            return n
+
+    def truncate_to(self, offset: int) -> None:
+        with self.lock:
+            if offset < self.log.log_end_offset:
+                self.log.truncate_to(offset)
+                self.producers.truncate_to(offset)
+            self._hw = min(self._hw, self.log.log_end_offset)
+
+    def reset_to(self, offset: int) -> None:
+        """The leader's log starts after our LEO (retention): start over at ``offset``."""
+        with self.lock:
+            self.log.truncate_fully_and_start_at(offset)
+            self.producers = ProducerStateManager()
+            self._hw = offset

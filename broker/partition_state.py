@@ -1,0 +1,106 @@
+"""Pure replication state of one partition as its leader sees it.
+
+No I/O, no threads, no clock: events go in (a follower fetched, the leader
+appended, time passed, an ISR change was committed), decisions come out (the HW
+moved, the ISR should shrink or expand). The :class:`Partition` shell in
+``partition.py`` owns the lock, the log and ZooKeeper.
+
+Rules (seed 000 §3-§7, with what Kafka learnt later):
+* a fetch at offset ``o`` acknowledges everything below ``o`` (the follower's LEO);
+* HW = min LEO over the ISR, and never moves backwards;
+* a follower is caught up when its fetch offset reached the leader's LEO; it
+  falls out of the ISR when it has not been caught up for ``lag_time_ms_max``;
+* an out-of-sync follower re-enters the ISR once its LEO reaches the HW and the
+  start of the current leader epoch (Kafka's rule: the HW cannot go backwards).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ReplicaProgress:
+    leo: int = -1                    # unknown until the follower fetches under this epoch
+    last_caught_up_ms: int = 0
+    last_fetch_ms: int = 0
+    last_fetch_leader_leo: int = -1  # the leader's LEO when the previous fetch was answered
+
+
+@dataclass
+class LeaderState:
+    broker_id: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    zk_version: int
+    hw: int
+    epoch_start_offset: int
+    now_ms: int
+    progress: dict[int, ReplicaProgress] = field(default_factory=dict)
+    pending_isr: tuple[int, ...] | None = None   # an ISR write in flight
+
+    def __post_init__(self):
+        for r in self.replicas:
+            if r != self.broker_id and r not in self.progress:
+                # Followers get a full lag window from the moment we lead.
+                self.progress[r] = ReplicaProgress(last_caught_up_ms=self.now_ms, last_fetch_ms=self.now_ms)
+
+    # ---------------------------------------------------------------- events
+    def on_follower_fetch(self, replica: int, fetch_offset: int, leader_leo: int, now_ms: int) -> bool:
+        """A follower fetched at ``fetch_offset``. Returns True when the HW advanced."""
+        p = self.progress.get(replica)
+        if p is None:
+            return False  # not a replica of this partition (stale assignment): ignore
+        if fetch_offset >= leader_leo:
+            p.last_caught_up_ms = now_ms
+        elif fetch_offset >= p.last_fetch_leader_leo >= 0:
+            p.last_caught_up_ms = max(p.last_caught_up_ms, p.last_fetch_ms)
+        p.leo = fetch_offset
+        p.last_fetch_ms = now_ms
+        p.last_fetch_leader_leo = leader_leo
+        return self.maybe_advance_hw(leader_leo)
+
+    def maybe_advance_hw(self, leader_leo: int) -> bool:
+        leos = [leader_leo]
+        for r in self.isr:
+            if r == self.broker_id:
+                continue
+            p = self.progress.get(r)
+            leos.append(p.leo if p is not None else -1)
+        new_hw = min(leos)
+        if new_hw > self.hw:
+            self.hw = new_hw
+            return True
+        return False
+
+    # ---------------------------------------------------------------- ISR decisions
+    def isr_to_shrink(self, now_ms: int, leader_leo: int, lag_time_ms_max: int) -> tuple[int, ...] | None:
+        """The ISR without followers that have not caught up for ``lag_time_ms_max``."""
+        if self.pending_isr is not None:
+            return None
+        out = [r for r in self.isr if r != self.broker_id
+               and self.progress[r].leo < leader_leo
+               and now_ms - self.progress[r].last_caught_up_ms > lag_time_ms_max]
+        if not out:
+            return None
+        return tuple(r for r in self.isr if r not in out)
+
+    def isr_to_expand(self) -> tuple[int, ...] | None:
+        """The ISR plus out-of-sync followers whose LEO reached the HW and this epoch's start."""
+        if self.pending_isr is not None:
+            return None
+        back = [r for r in self.replicas if r not in self.isr and r != self.broker_id
+                and self.progress[r].leo >= max(self.hw, self.epoch_start_offset)]
+        if not back:
+            return None
+        return tuple(r for r in self.replicas if r in self.isr or r in back)
+
+    def on_isr_committed(self, isr: tuple[int, ...], zk_version: int, leader_leo: int) -> bool:
+        """The ISR write succeeded. Returns True when the HW advanced (a shrink can do that)."""
+        self.isr = tuple(isr)
+        self.zk_version = zk_version
+        self.pending_isr = None
+        return self.maybe_advance_hw(leader_leo)
+
+    def in_sync(self, replica: int) -> bool:
+        return replica in self.isr

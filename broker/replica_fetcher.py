@@ -1,0 +1,254 @@
+"""Followers pull from leaders: one fetcher thread per (leader broker, fetcher id).
+
+The fetcher talks to its leader only through a :class:`LeaderEndpoint` (fetch
+and OffsetsForLeaderEpoch), so tests can script a leader. ``do_work()`` is one
+round: truncate partitions that just became followers (by leader epoch,
+KIP-101/279), then one long-polling Fetch for the rest, append what came back
+verbatim, learn the HW.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from replikafka.broker.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
+from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol import replikafka_pb2_grpc as pbg
+
+log = logging.getLogger("replikafka.fetcher")
+TRUNCATION_ROUNDS_MAX = 16
+
+
+class LeaderEndpoint(Protocol):
+    def fetch(self, request: pb.FetchRequest, timeout_s: float) -> pb.FetchResponse: ...
+    def offsets_for_leader_epoch(self, request: pb.OffsetsForLeaderEpochRequest,
+                                 timeout_s: float) -> pb.OffsetsForLeaderEpochResponse: ...
+    def close(self) -> None: ...
+
+
+class GrpcLeaderEndpoint:
+    def __init__(self, host: str, port: int):
+        self.channel = grpc.insecure_channel(f"{host}:{port}", options=[
+            ("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)])
+        self.stub = pbg.ReplikafkaStub(self.channel)
+
+    def fetch(self, request, timeout_s):
+        return self.stub.Fetch(request, timeout=timeout_s)
+
+    def offsets_for_leader_epoch(self, request, timeout_s):
+        return self.stub.OffsetsForLeaderEpoch(request, timeout=timeout_s)
+
+    def close(self):
+        self.channel.close()
+
+
+@dataclass
+class FetchState:
+    leader_epoch: int
+    truncating: bool = True
+
+
+class ReplicaFetcher:
+    """Thread-safe: partitions are added/removed under ``lock`` by the replica manager."""
+
+    def __init__(self, broker_id: int, leader_id: int, endpoint: LeaderEndpoint, partitions_lookup,
+                 *, max_wait_ms: int, min_bytes: int, max_bytes: int, backoff_ms: int, request_timeout_s: float):
+        self.broker_id = broker_id
+        self.leader_id = leader_id
+        self.endpoint = endpoint
+        self.lookup = partitions_lookup          # tp -> Partition | None
+        self.max_wait_ms, self.min_bytes, self.max_bytes = max_wait_ms, min_bytes, max_bytes
+        self.backoff_s = backoff_ms / 1000.0
+        self.timeout_s = request_timeout_s
+        self.lock = threading.Lock()
+        self.states: dict[tuple[str, int], FetchState] = {}
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def add(self, tp, leader_epoch: int) -> None:
+        with self.lock:
+            self.states[tp] = FetchState(leader_epoch)
+
+    def remove(self, tp) -> None:
+        with self.lock:
+            self.states.pop(tp, None)
+
+    def partition_count(self) -> int:
+        with self.lock:
+            return len(self.states)
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name=f"replica-fetcher-{self.leader_id}", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        self.endpoint.close()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                if not self.do_work():
+                    time.sleep(self.backoff_s)
+            except grpc.RpcError as exc:
+                log.debug("fetch from broker %d failed: %s", self.leader_id, exc.code())
+                time.sleep(self.backoff_s)
+            except Exception:
+                log.exception("replica fetcher for leader %d", self.leader_id)
+                time.sleep(self.backoff_s)
+
+    # ------------------------------------------------------------ one round
+    def do_work(self) -> bool:
+        with self.lock:
+            snapshot = dict(self.states)
+        if not snapshot:
+            return False
+        truncating = {tp: s for tp, s in snapshot.items() if s.truncating}
+        if truncating:
+            self._truncate(truncating)
+        ready = {tp: s for tp, s in snapshot.items() if not s.truncating}
+        if not ready:
+            return bool(truncating)
+        return self._fetch(ready)
+
+    def _truncate(self, states: dict) -> None:
+        """Ask the leader where our latest epoch ends; walk back while it names an
+        epoch we do not have (KIP-279); truncate there."""
+        asks = {}
+        for tp, s in states.items():
+            part = self.lookup(tp)
+            if part is None:
+                continue
+            asks[tp] = part.log.leader_epoch_cache.latest_epoch
+        for _round in range(TRUNCATION_ROUNDS_MAX):
+            if not asks:
+                return
+            req = pb.OffsetsForLeaderEpochRequest(replica_id=self.broker_id, partitions=[
+                pb.EpochQuery(topic=t, partition=p, current_leader_epoch=states[(t, p)].leader_epoch,
+                              leader_epoch=e) for (t, p), e in asks.items()])
+            resp = self.endpoint.offsets_for_leader_epoch(req, self.timeout_s)
+            next_asks = {}
+            for r in resp.partitions:
+                tp = (r.topic, r.partition)
+                part = self.lookup(tp)
+                if part is None or tp not in asks:
+                    continue
+                if r.error.code:
+                    log.debug("OffsetsForLeaderEpoch %s: %s", tp, r.error.code)
+                    continue  # retried next round (new LeaderAndIsr may come)
+                cache = part.log.leader_epoch_cache
+                if asks[tp] < 0:
+                    decision = Truncate(min(part.hw, part.log.log_end_offset))
+                else:
+                    decision = truncation_decision(r.leader_epoch, r.end_offset,
+                                                   lambda e, c=cache, lg=part.log: c.end_offset_for(e, lg.log_end_offset),
+                                                   part.log.log_end_offset, part.hw)
+                if isinstance(decision, AskAgain):
+                    next_asks[tp] = decision.epoch
+                    continue
+                if decision.offset < part.log.log_end_offset:
+                    log.info("follower %d truncating %s-%d to %d (leader epoch %d ends at %d)",
+                             self.broker_id, tp[0], tp[1], decision.offset, r.leader_epoch, r.end_offset)
+                part.truncate_to(decision.offset)
+                with self.lock:
+                    s = self.states.get(tp)
+                    if s is not None and s.leader_epoch == states[tp].leader_epoch:
+                        s.truncating = False
+            asks = next_asks
+
+    def _fetch(self, states: dict) -> bool:
+        parts = []
+        for tp, s in states.items():
+            part = self.lookup(tp)
+            if part is None:
+                continue
+            cache = part.log.leader_epoch_cache
+            parts.append(pb.FetchPartition(topic=tp[0], partition=tp[1], fetch_offset=part.log.log_end_offset,
+                                           current_leader_epoch=s.leader_epoch, partition_max_bytes=self.max_bytes,
+                                           last_fetched_epoch=cache.latest_epoch))
+        if not parts:
+            return False
+        req = pb.FetchRequest(replica_id=self.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
+                              max_bytes=self.max_bytes, partitions=parts)
+        resp = self.endpoint.fetch(req, self.timeout_s + self.max_wait_ms / 1000.0)
+        got = False
+        for r in resp.partitions:
+            tp = (r.topic, r.partition)
+            part = self.lookup(tp)
+            s = states.get(tp)
+            if part is None or s is None:
+                continue
+            code = r.error.code
+            if code == "OFFSET_OUT_OF_RANGE":
+                if part.log.log_end_offset < r.log_start_offset:
+                    part.reset_to(r.log_start_offset)
+                else:
+                    with self.lock:
+                        if tp in self.states:
+                            self.states[tp].truncating = True
+                continue
+            if code:
+                # FENCED/UNKNOWN epoch, NOT_LEADER: wait for the controller's next LeaderAndIsr.
+                continue
+            if part.append_as_follower(r.records if r.record_count else None, r.high_watermark, s.leader_epoch):
+                got = True
+        return got
+
+
+class ReplicaFetcherManager:
+    """Thread-safe: one fetcher per (leader id, fetcher index)."""
+
+    def __init__(self, broker_id: int, num_fetchers: int, partitions_lookup, endpoint_factory, **fetch_opts):
+        self.broker_id = broker_id
+        self.num_fetchers = max(1, num_fetchers)
+        self.lookup = partitions_lookup
+        self.endpoint_factory = endpoint_factory   # (leader_id) -> LeaderEndpoint
+        self.fetch_opts = fetch_opts
+        self.fetchers: dict[tuple[int, int], ReplicaFetcher] = {}
+        self.owner: dict[tuple[str, int], tuple[int, int]] = {}
+        self.lock = threading.Lock()
+
+    def add_partition(self, tp, leader_id: int, leader_epoch: int) -> None:
+        key = (leader_id, hash(tp) % self.num_fetchers)
+        with self.lock:
+            old = self.owner.get(tp)
+            if old is not None and old != key and old in self.fetchers:
+                self.fetchers[old].remove(tp)
+            f = self.fetchers.get(key)
+            if f is None:
+                f = ReplicaFetcher(self.broker_id, leader_id, self.endpoint_factory(leader_id), self.lookup,
+                                   **self.fetch_opts)
+                self.fetchers[key] = f
+                f.start()
+            f.add(tp, leader_epoch)
+            self.owner[tp] = key
+        self._stop_idle()
+
+    def remove_partition(self, tp) -> None:
+        with self.lock:
+            key = self.owner.pop(tp, None)
+            if key is not None and key in self.fetchers:
+                self.fetchers[key].remove(tp)
+        self._stop_idle()
+
+    def _stop_idle(self) -> None:
+        with self.lock:
+            idle = [k for k, f in self.fetchers.items() if f.partition_count() == 0]
+            stopping = [self.fetchers.pop(k) for k in idle]
+        for f in stopping:
+            threading.Thread(target=f.stop, daemon=True).start()
+
+    def shutdown(self) -> None:
+        with self.lock:
+            fs = list(self.fetchers.values())
+            self.fetchers.clear()
+            self.owner.clear()
+        for f in fs:
+            f.stop()

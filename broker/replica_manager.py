@@ -1,0 +1,334 @@
+"""The broker's partitions and everything done to them: LeaderAndIsr and
+StopReplica from the controller, Produce / Fetch / ListOffsets /
+OffsetsForLeaderEpoch from clients and followers, ISR maintenance as a leader
+(conditional ZooKeeper writes), HW checkpoints.
+
+Thread-safe: ``lock`` guards the partition map and the controller epoch; each
+Partition has its own lock. Long-polling fetches wait on ``data_arrived``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import pyarrow as pa
+
+from replikafka import errors as E
+from replikafka import records as R
+from replikafka.broker.partition import LEADER, Partition
+from replikafka.broker.zk_store import LeaderAndIsr
+from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol.rpc_errors import to_pb
+
+log = logging.getLogger("replikafka.replica_manager")
+state_log = logging.getLogger("replikafka.state.change")
+TP = tuple[str, int]
+FETCH_WAIT_SLICE_S = 0.05
+
+
+class ReplicaManager:
+    def __init__(self, broker_id: int, config, log_manager, store, metadata, fetchers, clock):
+        self.broker_id = broker_id
+        self.config = config
+        self.logs = log_manager
+        self.store = store
+        self.metadata = metadata
+        self.fetchers = fetchers
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.partitions: dict[TP, Partition] = {}
+        self.controller_epoch = -1
+        self.data_arrived = threading.Condition(threading.Lock())
+        self.topic_ids: dict[str, str] = {}
+
+    # ------------------------------------------------------------ lookups
+    def get(self, tp: TP) -> Partition | None:
+        with self.lock:
+            return self.partitions.get(tp)
+
+    def _partition_or_error(self, topic: str, partition: int) -> Partition:
+        p = self.get((topic, partition))
+        if p is not None:
+            return p
+        if self.metadata.topic(topic) is None:
+            raise E.UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        raise E.NotLeaderOrFollowerError(f"broker {self.broker_id} does not host {topic}-{partition}")
+
+    def notify_data(self) -> None:
+        with self.data_arrived:
+            self.data_arrived.notify_all()
+
+    # ------------------------------------------------------------ controller requests
+    def _check_controller_epoch(self, epoch: int) -> None:
+        with self.lock:
+            if epoch < self.controller_epoch:
+                raise E.StaleControllerEpochError(
+                    f"controller epoch {epoch} is older than {self.controller_epoch} already seen by broker "
+                    f"{self.broker_id}")
+            self.controller_epoch = epoch
+
+    def leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
+        self._check_controller_epoch(req.controller_epoch)
+        self.metadata.apply_leader_and_isr(req)
+        topics = {t.name: t for t in req.topics}
+        out = pb.LeaderAndIsrResponse()
+        for s in req.partitions:
+            tp = (s.topic, s.partition)
+            try:
+                if self.broker_id not in s.replicas:
+                    continue
+                part = self._get_or_create(tp, topics.get(s.topic))
+                if s.leader == self.broker_id:
+                    if part.make_leader(s.leader_epoch, s.isr, s.replicas, s.zk_version, s.controller_epoch):
+                        self.fetchers.remove_partition(tp)
+                        state_log.info("broker %d: %s-%d becomes LEADER epoch %d isr %s (controller epoch %d)",
+                                       self.broker_id, tp[0], tp[1], s.leader_epoch, list(s.isr), req.controller_epoch)
+                else:
+                    if part.make_follower(s.leader, s.leader_epoch, s.isr, s.replicas, s.zk_version,
+                                          s.controller_epoch):
+                        self.fetchers.add_partition(tp, s.leader, s.leader_epoch)
+                        state_log.info("broker %d: %s-%d becomes FOLLOWER of %d epoch %d (controller epoch %d)",
+                                       self.broker_id, tp[0], tp[1], s.leader, s.leader_epoch, req.controller_epoch)
+                    elif s.leader < 0:
+                        self.fetchers.remove_partition(tp)
+            except E.ReplikafkaError as exc:
+                out.partitions.append(pb.PartitionError(topic=tp[0], partition=tp[1], error=to_pb(exc)))
+        self.notify_data()
+        return out
+
+    def _get_or_create(self, tp: TP, info: pb.TopicInfo | None) -> Partition:
+        with self.lock:
+            part = self.partitions.get(tp)
+            if part is not None:
+                return part
+            if info is None:
+                entry = self.metadata.topic(tp[0])
+                if entry is None:
+                    raise E.UnknownTopicOrPartitionError(f"no schema known for topic {tp[0]!r}")
+                schema, config, topic_id = entry.schema, entry.config, entry.topic_id
+            else:
+                schema, config, topic_id = info.schema, dict(info.config), info.topic_id
+            log_ = self.logs.get_or_create(tp[0], tp[1], R.schema_from_bytes(schema), config, topic_id)
+            part = Partition(tp[0], tp[1], self.broker_id, log_, self.clock, hw=self.logs.checkpointed_hw(tp))
+            self.partitions[tp] = part
+            return part
+
+    def stop_replica(self, req: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
+        self._check_controller_epoch(req.controller_epoch)
+        out = pb.StopReplicaResponse()
+        for ref in req.partitions:
+            tp = (ref.topic, ref.partition)
+            self.fetchers.remove_partition(tp)
+            with self.lock:
+                part = self.partitions.pop(tp, None) if req.delete_partitions else self.partitions.get(tp)
+            if part is not None:
+                part.stop()
+            if req.delete_partitions:
+                self.logs.delete(tp[0], tp[1])
+            state_log.info("broker %d: %s-%d StopReplica delete=%s (controller epoch %d)", self.broker_id,
+                           tp[0], tp[1], req.delete_partitions, req.controller_epoch)
+        self.notify_data()
+        return out
+
+    # ------------------------------------------------------------ produce
+    def produce(self, req: pb.ProduceRequest) -> pb.ProduceResponse:
+        if req.acks not in (0, 1, -1):
+            raise E.InvalidRequestError(f"acks must be 0, 1 or -1 (all), got {req.acks}")
+        timeout_ms = req.timeout_ms if req.timeout_ms > 0 else self.config.get("request.timeout.ms")
+        out = pb.ProduceResponse()
+        waits = []
+        for d in req.partitions:
+            r = pb.PartitionProduceResponse(topic=d.topic, partition=d.partition, log_append_time_ms=-1)
+            try:
+                part, result, min_isr = self._append_one(d, req.acks)
+                r.base_offset, r.record_count = result.first_offset, result.record_count
+                r.log_start_offset = part.log.log_start_offset
+                if req.acks == -1:
+                    waits.append((r, part, result.last_offset + 1, min_isr))
+            except E.ReplikafkaError as exc:
+                r.error.CopyFrom(to_pb(exc))
+            out.partitions.append(r)
+        self.notify_data()
+        deadline = self.clock.time_ms() + timeout_ms
+        for r, part, end, min_isr in waits:
+            try:
+                part.wait_committed(end, deadline, min_isr)
+            except E.ReplikafkaError as exc:
+                r.error.CopyFrom(to_pb(exc))
+        return out
+
+    def _append_one(self, d: pb.PartitionProduceData, acks: int):
+        R.validate_topic_name(d.topic)
+        part = self._partition_or_error(d.topic, d.partition)
+        cfg = part.log.config
+        if len(d.records) > cfg.max_message_bytes:
+            raise E.RecordTooLargeError(
+                f"{d.topic}-{d.partition}: batch of {len(d.records)} bytes exceeds max.message.bytes="
+                f"{cfg.max_message_bytes}")
+        try:
+            schema, batches = R.decode_stream(d.records)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise E.CorruptRecordError(f"{d.topic}-{d.partition}: records are not an Arrow IPC stream: {exc}") \
+                from None
+        expected = part.log.schema
+        batches = [R.conform_batch(b, expected, d.topic) for b in batches if b.num_rows]
+        if not batches:
+            raise E.InvalidRequestError(f"{d.topic}-{d.partition}: produce request holds no records")
+        if cfg.message_timestamp_type == "LogAppendTime":
+            now = pa.scalar(self.clock.time_ms(), pa.int64()).cast(R.TIMESTAMP_TYPE)
+            i = expected.get_field_index("timestamp")
+            batches = [b.set_column(i, R.TIMESTAMP_FIELD, pa.array([now.value] * b.num_rows, pa.int64())
+                                    .cast(R.TIMESTAMP_TYPE)) for b in batches]
+        min_isr = cfg.min_insync_replicas
+        # Producer ids start at 1: 0 is protobuf's "unset".
+        pid = d.producer_id if d.producer_id > 0 else -1
+        result = part.append_as_leader(batches, acks, min_isr, pid, d.producer_epoch if pid > 0 else -1,
+                                       d.base_sequence if pid > 0 else -1)
+        return part, result, min_isr
+
+    # ------------------------------------------------------------ fetch
+    def fetch(self, req: pb.FetchRequest, context_active=lambda: True) -> pb.FetchResponse:
+        max_wait_ms = max(0, min(req.max_wait_ms, 30_000))
+        deadline = self.clock.time_ms() + max_wait_ms
+        min_bytes = max(req.min_bytes, 0)
+        columns = list(req.columns) or None
+        while True:
+            resp, size, any_error = self._fetch_once(req, columns)
+            left = deadline - self.clock.time_ms()
+            if size >= max(min_bytes, 1) or any_error or left <= 0 or not context_active():
+                return resp
+            with self.data_arrived:
+                self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
+
+    def _fetch_once(self, req: pb.FetchRequest, columns):
+        out = pb.FetchResponse()
+        total = 0
+        any_error = False
+        budget = req.max_bytes if req.max_bytes > 0 else 64 << 20
+        for fp in req.partitions:
+            r = pb.FetchPartitionResponse(topic=fp.topic, partition=fp.partition)
+            try:
+                part = self._partition_or_error(fp.topic, fp.partition)
+                max_bytes = min(fp.partition_max_bytes or budget, max(budget - total, 1))
+                if req.replica_id >= 0:
+                    raw, hw, leo, lso = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
+                                                               fp.current_leader_epoch)
+                    if raw is not None and raw.record_count:
+                        r.records = raw.data if isinstance(raw.data, bytes) else bytes(raw.data)
+                        r.records_base_offset, r.record_count = raw.first_offset, raw.record_count
+                else:
+                    res, hw, leo, lso = part.read_committed(fp.fetch_offset, max_bytes, fp.current_leader_epoch,
+                                                            columns)
+                    if res is not None and res.record_count:
+                        schema = res.batches[0].schema
+                        r.records = R.encode_stream(schema, res.batches).to_pybytes()
+                        r.records_base_offset, r.record_count = res.first_offset, res.record_count
+                r.high_watermark, r.log_end_offset, r.log_start_offset = hw, leo, lso
+                total += len(r.records)
+            except E.ReplikafkaError as exc:
+                r.error.CopyFrom(to_pb(exc))
+                any_error = True
+            except KeyError as exc:  # an unknown projected column
+                r.error.CopyFrom(to_pb(E.InvalidRequestError(f"unknown column {exc} in the projection")))
+                any_error = True
+            out.partitions.append(r)
+        return out, total, any_error
+
+    # ------------------------------------------------------------ offsets
+    def list_offsets(self, req: pb.ListOffsetsRequest) -> pb.ListOffsetsResponse:
+        out = pb.ListOffsetsResponse()
+        for q in req.partitions:
+            r = pb.ListOffsetsPartitionResponse(topic=q.topic, partition=q.partition, offset=-1, timestamp_ms=-1)
+            try:
+                part = self._partition_or_error(q.topic, q.partition)
+                with part.lock:
+                    if part.role != LEADER:
+                        raise E.NotLeaderOrFollowerError(
+                            f"broker {self.broker_id} is not the leader of {q.topic}-{q.partition}")
+                    part.check_epoch(q.current_leader_epoch)
+                    hw, leo, lso = part.hw, part.log.log_end_offset, part.log.log_start_offset
+                    r.leader_epoch = part.leader_epoch
+                r.high_watermark, r.log_end_offset, r.log_start_offset = hw, leo, lso
+                if q.timestamp_ms == -2:
+                    r.offset = lso
+                elif q.timestamp_ms == -1:
+                    r.offset = hw
+                elif q.timestamp_ms < 0:
+                    raise E.InvalidRequestError(f"timestamp {q.timestamp_ms} is not -2, -1 or a time in ms")
+                else:
+                    found = part.log.offset_for_timestamp(q.timestamp_ms)
+                    if found is not None and found[0] < hw:
+                        r.offset, r.timestamp_ms = found
+            except E.ReplikafkaError as exc:
+                r.error.CopyFrom(to_pb(exc))
+            out.partitions.append(r)
+        return out
+
+    def offsets_for_leader_epoch(self, req: pb.OffsetsForLeaderEpochRequest) -> pb.OffsetsForLeaderEpochResponse:
+        out = pb.OffsetsForLeaderEpochResponse()
+        for q in req.partitions:
+            r = pb.EpochEndOffset(topic=q.topic, partition=q.partition, leader_epoch=-1, end_offset=-1)
+            try:
+                part = self._partition_or_error(q.topic, q.partition)
+                with part.lock:
+                    if part.role != LEADER:
+                        raise E.NotLeaderOrFollowerError(f"broker {self.broker_id} does not lead {q.topic}-{q.partition}")
+                    part.check_epoch(q.current_leader_epoch)
+                    r.leader_epoch, r.end_offset = part.end_offset_for_epoch(q.leader_epoch)
+            except E.ReplikafkaError as exc:
+                r.error.CopyFrom(to_pb(exc))
+            out.partitions.append(r)
+        return out
+
+    # ------------------------------------------------------------ background work
+    def do_isr_work(self) -> int:
+        """One pass of ISR maintenance for the partitions this broker leads.
+        Each change is a conditional write on the state znode; a version
+        mismatch means someone else wrote: re-read, and if our epoch is gone,
+        stop acting as leader (seed 000 §3)."""
+        lag = self.config.get("replica.lag.time.max.ms")
+        with self.lock:
+            parts = [p for p in self.partitions.values() if p.role == LEADER]
+        changed = []
+        for part in parts:
+            new_isr = part.isr_change_wanted(lag)
+            if new_isr is None:
+                continue
+            state = LeaderAndIsr(self.broker_id, part.leader_epoch, tuple(new_isr), part.controller_epoch)
+            version = self.store.update_partition_state(part.topic, part.partition, state, part.zk_version)
+            if version is None:
+                current = self.store.get_partition_state(part.topic, part.partition)
+                part.isr_change_done(new_isr, None)
+                if current is None or current[0].leader != self.broker_id or \
+                        current[0].leader_epoch != part.leader_epoch:
+                    log.warning("%s-%d: state znode moved on (now %s); this broker stops leading it",
+                                part.topic, part.partition, current and current[0])
+                    part.make_follower(current[0].leader if current else -1,
+                                       current[0].leader_epoch if current else part.leader_epoch + 1,
+                                       current[0].isr if current else (), part.replicas, -1, -1)
+                else:
+                    with part.lock:  # same epoch, stale version: learn it and retry next pass
+                        part.zk_version = current[1]
+                        if part.leader_state is not None:
+                            part.leader_state.zk_version = current[1]
+                            part.leader_state.isr = current[0].isr
+                            part.isr = current[0].isr
+                continue
+            part.isr_change_done(new_isr, version)
+            state_log.info("broker %d: %s-%d ISR -> %s (zk version %d)", self.broker_id, part.topic,
+                           part.partition, list(new_isr), version)
+            changed.append(part.tp)
+        if changed:
+            self.store.notify_isr_change(changed)
+            self.notify_data()
+        return len(changed)
+
+    def high_watermarks(self) -> dict[TP, int]:
+        with self.lock:
+            return {tp: p.hw for tp, p in self.partitions.items()}
+
+    def shutdown(self) -> None:
+        self.fetchers.shutdown()
+        with self.lock:
+            for p in self.partitions.values():
+                p.stop()

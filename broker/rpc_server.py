@@ -1,0 +1,119 @@
+"""The gRPC servicer: a thin shell that turns requests into ReplicaManager /
+AdminManager calls and the error tree into responses.
+
+Per-partition errors go back in the response; a request that is malformed as
+a whole fails with INVALID_ARGUMENT naming the problem. Any unexpected
+exception fails only that request: the broker keeps serving.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+
+from replikafka import errors as E
+from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol import replikafka_pb2_grpc as pbg
+from replikafka.protocol.rpc_errors import abort, to_pb
+
+log = logging.getLogger("replikafka.rpc")
+
+
+def _guard(method):
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except E.ReplikafkaError as exc:
+            abort(context, exc)
+        except grpc.RpcError:
+            raise
+        except Exception as exc:  # a bug must not take the broker down
+            log.exception("%s failed", method.__name__)
+            abort(context, E.ReplikafkaError(f"{method.__name__}: {type(exc).__name__}: {exc}"))
+    return wrapper
+
+
+def _admin(method):
+    """Admin RPCs answer with an Error field rather than a failed call."""
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        resp_cls = method.__annotations__["return"]
+        try:
+            method(self, request, context)
+            return resp_cls()
+        except E.ReplikafkaError as exc:
+            return resp_cls(error=to_pb(exc))
+        except Exception as exc:
+            log.exception("%s failed", method.__name__)
+            return resp_cls(error=to_pb(E.ReplikafkaError(f"{type(exc).__name__}: {exc}")))
+    return wrapper
+
+
+class BrokerServicer(pbg.ReplikafkaServicer):
+    def __init__(self, broker):
+        self.broker = broker
+        self.rm = broker.replica_manager
+        self.admin = broker.admin_manager
+
+    @_guard
+    def Metadata(self, request, context):
+        return self.broker.metadata.metadata_response(list(request.topics), request.all_topics)
+
+    @_guard
+    def Produce(self, request, context):
+        return self.rm.produce(request)
+
+    @_guard
+    def Fetch(self, request, context):
+        return self.rm.fetch(request, context.is_active)
+
+    @_guard
+    def ListOffsets(self, request, context):
+        return self.rm.list_offsets(request)
+
+    @_guard
+    def OffsetsForLeaderEpoch(self, request, context):
+        return self.rm.offsets_for_leader_epoch(request)
+
+    @_guard
+    def InitProducerId(self, request, context):
+        pid, epoch = self.admin.init_producer_id()
+        return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+
+    @_admin
+    def CreateTopic(self, request, context) -> pb.CreateTopicResponse:
+        self.admin.create_topic(request)
+
+    @_admin
+    def DeleteTopic(self, request, context) -> pb.DeleteTopicResponse:
+        self.admin.delete_topic(request)
+
+    @_admin
+    def CreatePartitions(self, request, context) -> pb.CreatePartitionsResponse:
+        self.admin.create_partitions(request)
+
+    @_guard
+    def LeaderAndIsr(self, request, context):
+        try:
+            return self.rm.leader_and_isr(request)
+        except E.StaleControllerEpochError as exc:
+            return pb.LeaderAndIsrResponse(error=to_pb(exc))
+
+    @_guard
+    def UpdateMetadata(self, request, context):
+        try:
+            self.rm._check_controller_epoch(request.controller_epoch)
+        except E.StaleControllerEpochError as exc:
+            return pb.UpdateMetadataResponse(error=to_pb(exc))
+        self.broker.metadata.update(request)
+        self.rm.notify_data()
+        return pb.UpdateMetadataResponse()
+
+    @_guard
+    def StopReplica(self, request, context):
+        try:
+            return self.rm.stop_replica(request)
+        except E.StaleControllerEpochError as exc:
+            return pb.StopReplicaResponse(error=to_pb(exc))

@@ -1,0 +1,353 @@
+"""Every ZooKeeper path and JSON codec replikafka uses, behind one class.
+
+Layout (ARCHITECTURE.md; JSON values carry ``"version": 1``)::
+
+    /controller                                   {"version":1,"brokerid":N,"timestamp":"ms"}  ephemeral
+    /controller_epoch                             "E" (CAS on the znode version)
+    /brokers/ids/[id]                             {"version":1,"host":..,"port":..}  ephemeral
+    /brokers/topics/[topic]                       {"version":1,"partitions":{"0":[1,2,3],...}}
+    /brokers/topics/[topic]/partitions/[p]/state  {"version":1,"leader":N,"leader_epoch":E,"controller_epoch":C,"isr":[..]}
+    /config/topics/[topic]                        {"version":1,"config":{..},"schema":"<base64 Arrow IPC schema>"}
+    /admin/delete_topics/[topic]
+    /isr_change_notification/isr_change_NNNN      {"version":1,"partitions":[{"topic":t,"partition":p}]}
+    /latest_producer_id_block                     {"version":1,"block_start":S,"block_end":E}
+
+Thread-safe: kazoo clients are; this class holds no state but the client.
+Every partition-state update is a conditional write on the znode version.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
+BROKER_IDS = "/brokers/ids"
+BROKER_TOPICS = "/brokers/topics"
+CONFIG_TOPICS = "/config/topics"
+DELETE_TOPICS = "/admin/delete_topics"
+REASSIGN_PARTITIONS = "/admin/reassign_partitions"
+PREFERRED_REPLICA_ELECTION = "/admin/preferred_replica_election"
+ISR_CHANGE = "/isr_change_notification"
+PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+PRODUCER_ID_BLOCK_SIZE = 1000
+# One ZooKeeper multi is limited by jute.maxbuffer (~1 MB); stay well below it.
+MULTI_OPS_MAX = 1000
+
+PERSISTENT_PATHS = (BROKER_IDS, BROKER_TOPICS, CONFIG_TOPICS, DELETE_TOPICS, ISR_CHANGE)
+
+
+@dataclass(frozen=True)
+class LeaderAndIsr:
+    """A partition's leadership as stored in its state znode."""
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": 1, "leader": self.leader, "leader_epoch": self.leader_epoch,
+                           "controller_epoch": self.controller_epoch, "isr": list(self.isr)}).encode()
+
+    @staticmethod
+    def from_json(data: bytes) -> "LeaderAndIsr":
+        d = json.loads(data)
+        return LeaderAndIsr(int(d["leader"]), int(d["leader_epoch"]), tuple(int(b) for b in d["isr"]),
+                            int(d["controller_epoch"]))
+
+
+def _json(d: dict) -> bytes:
+    return json.dumps({"version": 1, **d}, sort_keys=True).encode()
+
+
+def topic_path(topic: str) -> str:
+    return f"{BROKER_TOPICS}/{topic}"
+
+
+def state_path(topic: str, partition: int) -> str:
+    return f"{BROKER_TOPICS}/{topic}/partitions/{partition}/state"
+
+
+class ZkStore:
+    def __init__(self, zk: KazooClient):
+        self.zk = zk
+
+    def ensure_paths(self) -> None:
+        for p in PERSISTENT_PATHS:
+            self.zk.ensure_path(p)
+
+    # ------------------------------------------------------------ brokers
+    def register_broker(self, broker_id: int, host: str, port: int) -> None:
+        data = _json({"host": host, "port": port, "timestamp": str(int(time.time() * 1000))})
+        path = f"{BROKER_IDS}/{broker_id}"
+        try:
+            self.zk.create(path, data, ephemeral=True, makepath=True)
+        except NodeExistsError:
+            # Our own node from an old session that has not expired yet, or a
+            # live broker with the same id: only the former may be replaced.
+            _, stat = self.zk.get(path)
+            if stat.ephemeralOwner != self.zk.client_id[0]:
+                from replikafka.errors import InvalidConfigError
+                raise InvalidConfigError(
+                    f"broker.id={broker_id} is already registered by another live broker session") from None
+
+    def live_brokers(self, watch=None) -> dict[int, tuple[str, int]]:
+        out = {}
+        for child in self.zk.get_children(BROKER_IDS, watch=watch):
+            try:
+                data, _ = self.zk.get(f"{BROKER_IDS}/{child}")
+            except NoNodeError:
+                continue
+            d = json.loads(data)
+            out[int(child)] = (d["host"], int(d["port"]))
+        return out
+
+    # ------------------------------------------------------------ controller
+    def get_controller_id(self, watch=None) -> int:
+        try:
+            data, _ = self.zk.get(CONTROLLER, watch=watch)
+        except NoNodeError:
+            return -1
+        return int(json.loads(data)["brokerid"])
+
+    def try_elect_controller(self, broker_id: int) -> bool:
+        data = _json({"brokerid": broker_id, "timestamp": str(int(time.time() * 1000))})
+        try:
+            self.zk.create(CONTROLLER, data, ephemeral=True)
+            return True
+        except NodeExistsError:
+            return False
+
+    def increment_controller_epoch(self) -> tuple[int, int]:
+        """CAS +1 on /controller_epoch; returns (new epoch, znode version)."""
+        while True:
+            try:
+                data, stat = self.zk.get(CONTROLLER_EPOCH)
+            except NoNodeError:
+                try:
+                    self.zk.create(CONTROLLER_EPOCH, b"1")
+                    _, stat = self.zk.get(CONTROLLER_EPOCH)
+                    return 1, stat.version
+                except NodeExistsError:
+                    continue
+            epoch = int(data) + 1
+            try:
+                stat = self.zk.set(CONTROLLER_EPOCH, str(epoch).encode(), version=stat.version)
+                return epoch, stat.version
+            except BadVersionError:
+                continue
+
+    def controller_epoch(self) -> tuple[int, int]:
+        try:
+            data, stat = self.zk.get(CONTROLLER_EPOCH)
+            return int(data), stat.version
+        except NoNodeError:
+            return 0, -1
+
+    # ------------------------------------------------------------ topics
+    def list_topics(self, watch=None) -> list[str]:
+        try:
+            return sorted(self.zk.get_children(BROKER_TOPICS, watch=watch))
+        except NoNodeError:
+            return []
+
+    def get_assignment(self, topic: str, watch=None) -> dict[int, list[int]] | None:
+        try:
+            data, _ = self.zk.get(topic_path(topic), watch=watch)
+        except NoNodeError:
+            return None
+        return {int(p): [int(b) for b in r] for p, r in json.loads(data)["partitions"].items()}
+
+    def get_topic_config(self, topic: str) -> tuple[dict[str, str], bytes] | None:
+        try:
+            data, _ = self.zk.get(f"{CONFIG_TOPICS}/{topic}")
+        except NoNodeError:
+            return None
+        d = json.loads(data)
+        return dict(d.get("config", {})), base64.b64decode(d.get("schema", ""))
+
+    def create_topic(self, topic: str, assignment: dict[int, list[int]], schema: bytes,
+                     config: dict[str, str]) -> None:
+        """Config first, then the assignment the controller watches (one multi)."""
+        tx = self.zk.transaction()
+        cfg = _json({"config": config, "schema": base64.b64encode(schema).decode()})
+        if self.zk.exists(f"{CONFIG_TOPICS}/{topic}"):
+            tx.set_data(f"{CONFIG_TOPICS}/{topic}", cfg)
+        else:
+            tx.create(f"{CONFIG_TOPICS}/{topic}", cfg)
+        tx.create(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}))
+        results = tx.commit()
+        for r in results:
+            if isinstance(r, NodeExistsError):
+                from replikafka.errors import TopicExistsError
+                raise TopicExistsError(f"topic {topic!r} already exists")
+            if isinstance(r, Exception):
+                raise r
+
+    def set_assignment(self, topic: str, assignment: dict[int, list[int]]) -> None:
+        self.zk.set(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}))
+
+    def request_topic_deletion(self, topic: str) -> None:
+        try:
+            self.zk.create(f"{DELETE_TOPICS}/{topic}", makepath=True)
+        except NodeExistsError:
+            pass
+
+    def topics_pending_deletion(self, watch=None) -> list[str]:
+        try:
+            return sorted(self.zk.get_children(DELETE_TOPICS, watch=watch))
+        except NoNodeError:
+            return []
+
+    def remove_topic(self, topic: str) -> None:
+        """The last step of deletion: assignment, states, config, the admin node."""
+        for path in (topic_path(topic), f"{CONFIG_TOPICS}/{topic}", f"{DELETE_TOPICS}/{topic}"):
+            try:
+                self.zk.delete(path, recursive=True)
+            except NoNodeError:
+                pass
+
+    # ------------------------------------------------------------ partition state
+    def get_partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
+        try:
+            data, stat = self.zk.get(state_path(topic, partition))
+        except NoNodeError:
+            return None
+        return LeaderAndIsr.from_json(data), stat.version
+
+    def get_partition_states(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[LeaderAndIsr, int]]:
+        """Pipelined reads: all requests go out before the first answer is awaited."""
+        asyncs = [(tp, self.zk.get_async(state_path(*tp))) for tp in tps]
+        out = {}
+        for tp, a in asyncs:
+            try:
+                data, stat = a.get()
+            except NoNodeError:
+                continue
+            out[tp] = (LeaderAndIsr.from_json(data), stat.version)
+        return out
+
+    def create_partition_states(self, states: dict[tuple[str, int], LeaderAndIsr]) -> dict[tuple[str, int], int]:
+        """Create new partitions' state znodes, pipelined; returns their versions (0).
+        An existing znode (a retry after controller failover) is left as it is."""
+        asyncs = []
+        for (t, p), s in states.items():
+            asyncs.append(((t, p), self.zk.create_async(state_path(t, p), s.to_json(), makepath=True)))
+        out = {}
+        for tp, a in asyncs:
+            try:
+                a.get()
+                out[tp] = 0
+            except NodeExistsError:
+                pass
+        return out
+
+    def update_partition_states(self, updates: dict[tuple[str, int], tuple[LeaderAndIsr, int]]
+                                ) -> tuple[dict[tuple[str, int], int], list[tuple[str, int]]]:
+        """Conditional writes, pipelined: {tp: (new state, expected version)} ->
+        ({tp: new version}, [tps whose version did not match])."""
+        asyncs = [(tp, self.zk.set_async(state_path(*tp), s.to_json(), version=v))
+                  for tp, (s, v) in updates.items()]
+        ok, failed = {}, []
+        for tp, a in asyncs:
+            try:
+                ok[tp] = a.get().version
+            except (BadVersionError, NoNodeError):
+                failed.append(tp)
+        return ok, failed
+
+    def update_partition_state(self, topic: str, partition: int, state: LeaderAndIsr,
+                               expected_version: int) -> int | None:
+        try:
+            return self.zk.set(state_path(topic, partition), state.to_json(), version=expected_version).version
+        except (BadVersionError, NoNodeError):
+            return None
+
+    # ------------------------------------------------------------ ISR change notifications
+    def notify_isr_change(self, tps: list[tuple[str, int]]) -> None:
+        data = _json({"partitions": [{"topic": t, "partition": p} for t, p in tps]})
+        self.zk.create(f"{ISR_CHANGE}/isr_change_", data, sequence=True, makepath=True)
+
+    def take_isr_change_notifications(self, watch=None) -> set[tuple[str, int]]:
+        out = set()
+        children = self.zk.get_children(ISR_CHANGE, watch=watch)
+        for c in children:
+            path = f"{ISR_CHANGE}/{c}"
+            try:
+                data, _ = self.zk.get(path)
+                for e in json.loads(data)["partitions"]:
+                    out.add((e["topic"], int(e["partition"])))
+                self.zk.delete(path)
+            except NoNodeError:
+                continue
+        return out
+
+    # ------------------------------------------------------------ producer ids
+    def allocate_producer_id_block(self) -> tuple[int, int]:
+        """CAS on /latest_producer_id_block: returns [start, end) of a fresh block."""
+        while True:
+            try:
+                data, stat = self.zk.get(PRODUCER_ID_BLOCK)
+            except NoNodeError:
+                try:
+                    # Ids start at 1: 0 is protobuf's "unset" on the wire.
+                    self.zk.create(PRODUCER_ID_BLOCK, _json({"block_start": 1, "block_end": 1 + PRODUCER_ID_BLOCK_SIZE}))
+                    return 1, 1 + PRODUCER_ID_BLOCK_SIZE
+                except NodeExistsError:
+                    continue
+            end = int(json.loads(data)["block_end"])
+            new = _json({"block_start": end, "block_end": end + PRODUCER_ID_BLOCK_SIZE})
+            try:
+                self.zk.set(PRODUCER_ID_BLOCK, new, version=stat.version)
+                return end, end + PRODUCER_ID_BLOCK_SIZE
+            except BadVersionError:
+                continue
+
+
+class ControllerMovedError(Exception):
+    """A guarded write found that /controller_epoch changed: another controller took over."""
+
+
+def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
+                         updates: dict[tuple[str, int], tuple[LeaderAndIsr, int]]
+                         ) -> tuple[dict[tuple[str, int], int], list[tuple[str, int]]]:
+    """Write many partition states as ZooKeeper ``multi``s of at most MULTI_OPS_MAX
+    ops, each guarded by a check of the controller-epoch znode version, all
+    chunks pipelined. Returns ({tp: new version}, [tps whose version did not
+    match]); raises ControllerMovedError if the epoch guard failed."""
+    from kazoo.exceptions import RolledBackError
+
+    items = list(updates.items())
+    ok: dict[tuple[str, int], int] = {}
+    failed: list[tuple[str, int]] = []
+    pending = [items[i:i + MULTI_OPS_MAX] for i in range(0, len(items), MULTI_OPS_MAX)]
+    while pending:
+        inflight = []
+        for chunk in pending:
+            tx = zk.transaction()
+            tx.check(CONTROLLER_EPOCH, epoch_zk_version)
+            for (t, p), (state, version) in chunk:
+                tx.set_data(state_path(t, p), state.to_json(), version=version)
+            inflight.append((chunk, tx.commit_async()))
+        pending = []
+        for chunk, result in inflight:
+            results = result.get()
+            if isinstance(results[0], Exception):
+                if not isinstance(results[0], RolledBackError):
+                    raise ControllerMovedError("controller epoch changed under a state write")
+            bad = [tp for (tp, _), r in zip(chunk, results[1:])
+                   if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+            if not bad:
+                for (tp, _), stat in zip(chunk, results[1:]):
+                    ok[tp] = stat.version
+                continue
+            failed.extend(bad)
+            rest = [(tp, u) for tp, u in chunk if tp not in bad]
+            if rest:
+                pending.append(rest)
+    return ok, failed

@@ -1,0 +1,340 @@
+"""Record schemas and Arrow IPC encoding shared by clients, brokers and Spark.
+
+A topic has an Arrow schema fixed at creation. Without one it has Kafka's shape
+(``key binary, value binary, headers array<struct<key string, value binary>>``).
+Stored batches carry the topic's columns followed by ``timestamp``
+(``timestamp[ms, tz=UTC]``); offsets are not stored, they are the batch's base
+offset plus the row index.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from replikafka.errors import InvalidSchemaError, InvalidTopicError
+
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+KAFKA_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("headers", HEADER_TYPE)])
+TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
+TIMESTAMP_FIELD = pa.field("timestamp", TIMESTAMP_TYPE, nullable=False)
+# Names the system adds to every record on the way out (Spark, consumer): a
+# topic's own schema may not use them.
+RESERVED_NAMES = frozenset({"topic", "partition", "offset", "timestamp", "timestampType"})
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def validate_topic_name(name: str) -> str:
+    """Kafka's rule: 1-249 chars of [a-zA-Z0-9._-], not '.' or '..'."""
+    if not isinstance(name, str) or not _TOPIC_NAME.match(name) or name in (".", ".."):
+        raise InvalidTopicError(
+            f"topic name {name!r} is not legal: use 1-249 characters of [a-zA-Z0-9._-], not '.' or '..'")
+    return name
+
+
+# ---------------------------------------------------------------- schemas
+def stored_schema(topic_schema: pa.Schema) -> pa.Schema:
+    """The schema of stored batches: the topic's columns then ``timestamp``."""
+    return topic_schema.append(TIMESTAMP_FIELD)
+
+
+def topic_schema_of(stored: pa.Schema) -> pa.Schema:
+    return stored.remove(stored.get_field_index("timestamp"))
+
+
+def is_kafka_shaped(topic_schema: pa.Schema) -> bool:
+    return topic_schema.remove_metadata().equals(KAFKA_SCHEMA)
+
+
+def schema_to_bytes(schema: pa.Schema) -> bytes:
+    return schema.serialize().to_pybytes()
+
+
+def schema_from_bytes(data: bytes) -> pa.Schema:
+    return ipc.read_schema(pa.py_buffer(data))
+
+
+def validate_topic_schema(schema: pa.Schema) -> pa.Schema:
+    if len(schema) == 0:
+        raise InvalidSchemaError("a topic schema needs at least one column")
+    seen = set()
+    for f in schema:
+        if f.name in RESERVED_NAMES:
+            raise InvalidSchemaError(
+                f"column {f.name!r} is reserved (the system adds {', '.join(sorted(RESERVED_NAMES))})")
+        if not f.name:
+            raise InvalidSchemaError("a column has an empty name")
+        if f.name in seen:
+            raise InvalidSchemaError(f"column {f.name!r} appears twice")
+        seen.add(f.name)
+        if pa.types.is_large_binary(f.type) or pa.types.is_large_string(f.type) or pa.types.is_large_list(f.type):
+            raise InvalidSchemaError(
+                f"column {f.name!r} has type {f.type}: large_* types are not supported (Spark reads binary/string/list)")
+    return schema
+
+
+_SIMPLE_TYPES = {
+    "boolean": pa.bool_(), "bool": pa.bool_(),
+    "tinyint": pa.int8(), "byte": pa.int8(), "int8": pa.int8(),
+    "smallint": pa.int16(), "short": pa.int16(), "int16": pa.int16(),
+    "int": pa.int32(), "integer": pa.int32(), "int32": pa.int32(),
+    "bigint": pa.int64(), "long": pa.int64(), "int64": pa.int64(),
+    "float": pa.float32(), "real": pa.float32(), "float32": pa.float32(),
+    "double": pa.float64(), "float64": pa.float64(),
+    "string": pa.string(), "utf8": pa.string(), "varchar": pa.string(),
+    "binary": pa.binary(),
+    "date": pa.date32(), "date32": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+}
+
+
+class _DDLParser:
+    """Parses a Spark DDL string ("a INT, b ARRAY<STRING>, c STRUCT<x: DOUBLE>")."""
+
+    _TOKEN = re.compile(r"\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*|\d+|[<>(),:])")
+
+    def __init__(self, text: str):
+        self.text = text
+        self.tokens: list[str] = []
+        pos = 0
+        while pos < len(text):
+            if text[pos:].strip() == "":
+                break
+            m = self._TOKEN.match(text, pos)
+            if not m:
+                raise InvalidSchemaError(f"cannot parse schema {text!r} at character {pos}: {text[pos:pos + 10]!r}")
+            self.tokens.append(m.group(1))
+            pos = m.end()
+        self.i = 0
+
+    def peek(self):
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self, expect: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None or (expect is not None and tok.lower() != expect):
+            raise InvalidSchemaError(
+                f"cannot parse schema {self.text!r}: expected {expect or 'more'} but found {tok or 'the end'}")
+        self.i += 1
+        return tok
+
+    def name(self) -> str:
+        tok = self.take()
+        return tok[1:-1] if tok.startswith("`") else tok
+
+    def fields(self, sep_colon: bool) -> list[pa.Field]:
+        out = []
+        while True:
+            name = self.name()
+            if sep_colon and self.peek() == ":":
+                self.take(":")
+            typ = self.type()
+            nullable = True
+            if self.peek() and self.peek().lower() == "not":
+                self.take("not")
+                self.take("null")
+                nullable = False
+            out.append(pa.field(name, typ, nullable=nullable))
+            if self.peek() != ",":
+                return out
+            self.take(",")
+
+    def type(self) -> pa.DataType:
+        tok = self.take().lower()
+        if tok == "array":
+            self.take("<")
+            inner = self.type()
+            self.take(">")
+            return pa.list_(inner)
+        if tok == "map":
+            self.take("<")
+            k = self.type()
+            self.take(",")
+            v = self.type()
+            self.take(">")
+            return pa.map_(k, v)
+        if tok == "struct":
+            self.take("<")
+            fs = self.fields(sep_colon=True)
+            self.take(">")
+            return pa.struct(fs)
+        if tok in ("decimal", "numeric", "dec"):
+            p, s = 10, 0
+            if self.peek() == "(":
+                self.take("(")
+                p = int(self.take())
+                if self.peek() == ",":
+                    self.take(",")
+                    s = int(self.take())
+                self.take(")")
+            return pa.decimal128(p, s)
+        if tok in ("varchar", "char") and self.peek() == "(":
+            self.take("(")
+            self.take()
+            self.take(")")
+            return pa.string()
+        if tok in _SIMPLE_TYPES:
+            return _SIMPLE_TYPES[tok]
+        raise InvalidSchemaError(f"unknown type {tok!r} in schema {self.text!r}")
+
+    def parse(self) -> pa.Schema:
+        fs = self.fields(sep_colon=False)
+        if self.peek() is not None:
+            raise InvalidSchemaError(f"cannot parse schema {self.text!r}: unexpected {self.peek()!r}")
+        return pa.schema(fs)
+
+
+def _type_from_json(t: Any) -> pa.DataType:
+    if isinstance(t, str):
+        try:
+            return _DDLParser(t).type()
+        except InvalidSchemaError:
+            raise InvalidSchemaError(f"unknown type {t!r} in JSON schema") from None
+    if isinstance(t, dict):
+        kind = t.get("type")
+        if kind in ("array", "list"):
+            return pa.list_(_type_from_json(t.get("elementType", t.get("items"))))
+        if kind == "struct":
+            return pa.struct([_field_from_json(f) for f in t["fields"]])
+        if kind == "map":
+            return pa.map_(_type_from_json(t["keyType"]), _type_from_json(t["valueType"]))
+    raise InvalidSchemaError(f"cannot read type {t!r} in JSON schema")
+
+
+def _field_from_json(f: Any) -> pa.Field:
+    if not isinstance(f, dict) or "name" not in f or "type" not in f:
+        raise InvalidSchemaError(f"a JSON schema field needs 'name' and 'type': {f!r}")
+    return pa.field(f["name"], _type_from_json(f["type"]), nullable=bool(f.get("nullable", True)))
+
+
+def parse_schema(spec: Any) -> pa.Schema:
+    """A topic schema from None (Kafka shape), a pa.Schema, a Spark DDL string
+    or a JSON description ``{"fields": [{"name": .., "type": ..}, ...]}``
+    (Spark's ``StructType.json()`` output is accepted)."""
+    if spec is None or spec == "" or spec == b"":
+        return KAFKA_SCHEMA
+    if isinstance(spec, pa.Schema):
+        schema = spec
+    elif isinstance(spec, (bytes, bytearray)):
+        schema = schema_from_bytes(bytes(spec))
+    elif isinstance(spec, str):
+        text = spec.strip()
+        if text.startswith("{"):
+            try:
+                doc = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InvalidSchemaError(f"schema JSON does not parse: {exc}") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("fields"), list):
+                raise InvalidSchemaError("a JSON schema must be an object with a 'fields' list")
+            schema = pa.schema([_field_from_json(f) for f in doc["fields"]])
+        else:
+            schema = _DDLParser(text).parse()
+    else:
+        raise InvalidSchemaError(f"cannot use {type(spec).__name__} as a schema")
+    return validate_topic_schema(schema)
+
+
+# ---------------------------------------------------------------- IPC
+def encode_stream(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> bytes:
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, schema) as w:
+        for b in batches:
+            w.write_batch(b)
+    return sink.getvalue()
+
+
+def decode_stream(data) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+    """Zero-copy decode of an IPC stream held in ``data`` (bytes or pa.Buffer)."""
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    reader = ipc.open_stream(buf)
+    return reader.schema, list(reader)
+
+
+def conform_batch(batch: pa.RecordBatch, expected: pa.Schema, topic: str) -> pa.RecordBatch:
+    """Check a produced batch against the stored schema; name the first wrong column.
+
+    Field names and types must match exactly (order too); nullability is taken
+    from the topic. A non-nullable column holding nulls is refused.
+    """
+    got = batch.schema
+    names = got.names
+    if names != expected.names:
+        missing = [n for n in expected.names if n not in names]
+        extra = [n for n in names if n not in expected.names]
+        if missing:
+            raise InvalidSchemaError(f"topic {topic!r}: column {missing[0]!r} is missing from the batch")
+        if extra:
+            raise InvalidSchemaError(f"topic {topic!r}: column {extra[0]!r} is not in the topic's schema")
+        raise InvalidSchemaError(f"topic {topic!r}: columns are in the order {names}, expected {expected.names}")
+    for f, e in zip(got, expected):
+        if not f.type.equals(e.type):
+            raise InvalidSchemaError(
+                f"topic {topic!r}: column {f.name!r} has type {f.type}, the topic expects {e.type}")
+        if not e.nullable and batch.column(f.name).null_count:
+            raise InvalidSchemaError(f"topic {topic!r}: column {f.name!r} is not nullable but holds nulls")
+    if got.equals(expected):
+        return batch
+    return pa.RecordBatch.from_arrays(batch.columns, schema=expected)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def to_record_batch(data: Any, topic_schema: pa.Schema, *, key: bytes | None = None,
+                    timestamp_ms: int | None = None, topic: str = "") -> pa.RecordBatch:
+    """Turn what a user hands the producer into one batch of the stored schema.
+
+    ``data``: a RecordBatch or Table with the topic's columns (``timestamp``
+    optional), a list of dicts, or a bytes/str value (Kafka-shaped topics).
+    """
+    target = stored_schema(topic_schema)
+    if isinstance(data, (bytes, bytearray, memoryview, str)):
+        if not is_kafka_shaped(topic_schema):
+            raise InvalidSchemaError(f"topic {topic!r} has its own schema; send a batch or dicts, not bytes")
+        value = data.encode() if isinstance(data, str) else bytes(data)
+        data = [{"key": key, "value": value, "headers": None}]
+    if isinstance(data, list):
+        if not data:
+            raise InvalidSchemaError("cannot send an empty list of records")
+        cols = {}
+        for f in target:
+            if f.name == "timestamp" and not any("timestamp" in r for r in data):
+                continue
+            try:
+                cols[f.name] = pa.array([r.get(f.name) for r in data], type=f.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                raise InvalidSchemaError(f"topic {topic!r}: column {f.name!r}: {exc}") from None
+        extra = set().union(*(r.keys() for r in data)) - set(target.names)
+        if extra:
+            raise InvalidSchemaError(f"topic {topic!r}: column {sorted(extra)[0]!r} is not in the topic's schema")
+        data = pa.table(cols)
+    if isinstance(data, pa.Table):
+        data = data.combine_chunks()
+        batches = data.to_batches()
+        data = batches[0] if len(batches) == 1 else pa.RecordBatch.from_arrays(
+            [c.combine_chunks() for c in data.columns], names=data.column_names)
+    if not isinstance(data, pa.RecordBatch):
+        raise InvalidSchemaError(f"cannot send {type(data).__name__}: use a RecordBatch, Table, list of dicts or bytes")
+    if "timestamp" not in data.schema.names:
+        ts = timestamp_ms if timestamp_ms is not None else now_ms()
+        data = data.append_column(TIMESTAMP_FIELD, pa.array([ts] * data.num_rows, type=pa.int64()).cast(TIMESTAMP_TYPE))
+    elif not data.schema.field("timestamp").type.equals(TIMESTAMP_TYPE):
+        i = data.schema.get_field_index("timestamp")
+        try:
+            col = data.column(i).cast(TIMESTAMP_TYPE)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidSchemaError(f"topic {topic!r}: column 'timestamp': {exc}") from None
+        data = data.set_column(i, TIMESTAMP_FIELD, col)
+    # Cast safely where the user's types differ only in width/nullability.
+    if data.schema.names == target.names and not data.schema.equals(target):
+        try:
+            data = data.cast(target, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+            pass  # conform_batch names the column
+    return conform_batch(data, target, topic)
