@@ -1,0 +1,99 @@
+"""`replikafka zookeeper [conf/zookeeper.properties] [--port N] [--data-dir D]`.
+
+Runs a real standalone ZooKeeper (from the jars inside the pyspark wheel) in
+the foreground. Ctrl-C or SIGTERM stops the JVM and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+
+from replikafka.errors import ReplikafkaError
+
+DEFAULT_PORT = 2181
+DEFAULT_DATA_DIR = "/tmp/replikafka-zookeeper"
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: expected an integer 0..65535") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: expected an integer 0..65535")
+    return value
+
+
+def add_parser(subparsers, name: str = "zookeeper"):
+    p = subparsers.add_parser(
+        name,
+        help="run a real ZooKeeper (from the pyspark jars) in the foreground",
+        description="Run a standalone ZooKeeper 3.9 from the jars inside the pyspark wheel, in the "
+                    "foreground; Ctrl-C or SIGTERM stops it. Needs Java 17+.",
+    )
+    p.add_argument("config", nargs="?", metavar="zookeeper.properties",
+                   help="ZooKeeper configuration (ZooKeeper's own keys: clientPort, dataDir, tickTime, ...)")
+    p.add_argument("--port", type=_port, default=None,
+                   help=f"client port, overrides clientPort (default {DEFAULT_PORT}; 0 = any free port)")
+    p.add_argument("--data-dir", default=None,
+                   help=f"data directory, overrides dataDir (default {DEFAULT_DATA_DIR})")
+    p.set_defaults(func=run)
+    return p
+
+
+def _load_properties(path: str | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    if not os.path.isfile(path):
+        raise ReplikafkaError(f"configuration file {path!r} does not exist", code="INVALID_CONFIG")
+    from replikafka.broker.config import read_properties
+
+    return read_properties(path)
+
+
+def run(args) -> int:
+    from replikafka.zookeeper_server import ZooKeeperServer, zookeeper_version
+
+    props = _load_properties(args.config)
+    port = args.port
+    if port is None:
+        raw = props.get("clientPort", str(DEFAULT_PORT))
+        try:
+            port = _port(raw)
+        except argparse.ArgumentTypeError as exc:
+            raise ReplikafkaError(f"clientPort in {args.config}: {exc}", code="INVALID_CONFIG") from None
+    data_dir = args.data_dir or props.get("dataDir") or DEFAULT_DATA_DIR
+
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    server = ZooKeeperServer(port=port, data_dir=data_dir, properties=props, die_with_parent=True)
+    try:
+        server.start()
+        print(
+            f"ZooKeeper {zookeeper_version()} serving on {server.connect_string} "
+            f"(pid {server.pid}, data {server.data_dir}, log {server.log_file}); Ctrl-C or SIGTERM stops it",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            if not server.running:
+                raise ReplikafkaError(
+                    f"ZooKeeper exited on its own with code {server.returncode}; see {server.log_file}",
+                    code="ZOOKEEPER_EXITED",
+                )
+        server.stop()
+        name = signal.Signals(received[0]).name if received else "signal"
+        print(f"ZooKeeper stopped ({name})", flush=True)
+        return 0
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
