@@ -1,0 +1,234 @@
+"""One broker process: logs, replica manager, controller candidate, gRPC server.
+
+Start-up order (seed 003, "broker startup"): connect to ZooKeeper, load and
+recover the logs, delete partitions no longer assigned here, serve gRPC, then
+register ``/brokers/ids/[id]`` (so nobody is told about us before we answer),
+then compete for the controller. Shutdown reverses it and leaves the
+clean-shutdown marker so the next start skips recovery.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from kazoo.client import KazooClient, KazooState
+
+from replikafka import records as R
+from replikafka.broker.admin_manager import AdminManager
+from replikafka.broker.config import BrokerConfig, log_config_for_topic
+from replikafka.broker.controller.controller import Controller
+from replikafka.broker.metadata_cache import MetadataCache
+from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
+from replikafka.broker.replica_manager import ReplicaManager
+from replikafka.broker.rpc_server import BrokerServicer
+from replikafka.broker.storage.log_manager import LogManager
+from replikafka.broker.zk_store import ZkStore
+from replikafka.protocol import replikafka_pb2_grpc as pbg
+
+log = logging.getLogger("replikafka.broker")
+TOPIC_ID_KEY = "topic.id"
+GRPC_MESSAGE_BYTES_MAX = 256 << 20
+
+
+class SystemClock:
+    def time_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+class PartitionLogs:
+    """The replica manager's view of the log manager: logs by (topic, partition),
+    created with the topic's schema and config, tagged with the topic id so a
+    re-created topic never adopts an old directory."""
+
+    def __init__(self, broker_config: BrokerConfig, log_manager: LogManager):
+        self.broker_config = broker_config
+        self.manager = log_manager
+        self.hw_checkpoint = log_manager.high_watermarks()
+
+    def get_or_create(self, topic: str, partition: int, schema, topic_config: dict, topic_id: str):
+        overrides = {k: v for k, v in topic_config.items() if k != TOPIC_ID_KEY}
+        cfg = log_config_for_topic(self.broker_config, overrides)
+        existing = self.manager.get_log(topic, partition)
+        if existing is not None and (self.manager.topic_id(topic, partition) not in ("", topic_id)
+                                     or not existing.schema.equals(schema)):
+            log.warning("%s-%d: local log belongs to an older topic of that name; deleting it", topic, partition)
+            self.manager.delete_log(topic, partition)
+            self.hw_checkpoint.pop((topic, partition), None)
+        return self.manager.get_or_create_log(topic, partition, schema, cfg, topic_id=topic_id)
+
+    def checkpointed_hw(self, tp) -> int:
+        return self.hw_checkpoint.get(tp, 0)
+
+    def delete(self, topic: str, partition: int) -> None:
+        self.manager.delete_log(topic, partition)
+        self.hw_checkpoint.pop((topic, partition), None)
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig, clock=None):
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.broker_id = config.get("broker.id")
+        self.endpoint = config.advertised_endpoint()
+        self.stopped = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.zk: KazooClient | None = None
+        self.grpc_server = None
+        self.session_lost = threading.Event()
+        self.session_back = threading.Event()
+
+    # ------------------------------------------------------------ start
+    def start(self) -> None:
+        cfg = self.config
+        self.zk = KazooClient(hosts=cfg.get("zookeeper.connect"),
+                              timeout=cfg.get("zookeeper.session.timeout.ms") / 1000.0)
+        self.zk.start(timeout=cfg.get("zookeeper.connection.timeout.ms") / 1000.0)
+        self.zk.add_listener(self._on_zk_state)
+        self.store = ZkStore(self.zk)
+        self.store.ensure_paths()
+        self.log_manager = LogManager(list(cfg.get("log.dirs")), topic_lookup=self._topic_for_load,
+                                      broker_config=cfg, clock=self.clock)
+        self.log_manager.load()
+        self._delete_unassigned()
+        self.logs = PartitionLogs(cfg, self.log_manager)
+        self.metadata = MetadataCache()
+        fetch_opts = dict(max_wait_ms=cfg.get("replica.fetch.wait.max.ms"),
+                          min_bytes=cfg.get("replica.fetch.min.bytes"),
+                          max_bytes=cfg.get("replica.fetch.max.bytes"),
+                          backoff_ms=cfg.get("replica.fetch.backoff.ms"),
+                          request_timeout_s=cfg.get("request.timeout.ms") / 1000.0)
+        self.fetchers = ReplicaFetcherManager(self.broker_id, cfg.get("num.replica.fetchers"),
+                                              lambda tp: self.replica_manager.get(tp), self._leader_endpoint,
+                                              **fetch_opts)
+        self.replica_manager = ReplicaManager(self.broker_id, cfg, self.logs, self.store, self.metadata,
+                                              self.fetchers, self.clock)
+        self.admin_manager = AdminManager(cfg, self.store, self.metadata)
+        self._serve_grpc()
+        self.store.register_broker(self.broker_id, self.endpoint.host, self.endpoint.port)
+        self.controller = Controller(self.broker_id, self.store,
+                                     unclean_default=cfg.get("unclean.leader.election.enable"),
+                                     request_timeout_s=cfg.get("controller.socket.timeout.ms") / 1000.0)
+        self.controller.start()
+        self._loop("isr-maintenance", self.replica_manager.do_isr_work,
+                   min(cfg.get("replica.lag.time.max.ms") / 4, 500))
+        self._loop("hw-checkpoint", self._checkpoint_hw, cfg.get("replica.high.watermark.checkpoint.interval.ms"))
+        self._loop("log-maintenance", lambda: self.log_manager.do_work(self.clock.time_ms()),
+                   min(cfg.get("log.retention.check.interval.ms"), cfg.get("log.flush.scheduler.interval.ms"), 1000))
+        self._loop("zk-session", self._session_work, 100)
+        log.info("broker %d serving on %s:%d", self.broker_id, self.endpoint.host, self.endpoint.port)
+
+    def _topic_for_load(self, topic: str):
+        """Schema and LogConfig of a topic found on disk, from ZooKeeper (None: deleted)."""
+        found = self.store.get_topic_config(topic)
+        if found is None:
+            return None
+        config, schema = found
+        overrides = {k: v for k, v in config.items() if k != TOPIC_ID_KEY}
+        return R.schema_from_bytes(schema), log_config_for_topic(self.config, overrides), config.get(TOPIC_ID_KEY, "")
+
+    def _delete_unassigned(self) -> None:
+        """Seed 000 Q5: partitions on disk that are no longer assigned to us go."""
+        for topic, partition in list(self.log_manager.partitions()):
+            assignment = self.store.get_assignment(topic)
+            cfg = self.store.get_topic_config(topic)
+            topic_id = cfg[0].get(TOPIC_ID_KEY, "") if cfg else ""
+            if assignment is None or self.broker_id not in assignment.get(partition, []) \
+                    or self.log_manager.topic_id(topic, partition) not in ("", topic_id):
+                log.info("deleting %s-%d: no longer assigned to broker %d", topic, partition, self.broker_id)
+                self.log_manager.delete_log(topic, partition)
+
+    def _leader_endpoint(self, leader_id: int):
+        host, port = self.metadata.brokers.get(leader_id) or self.store.live_brokers().get(leader_id, ("", 0))
+        return GrpcLeaderEndpoint(host, port)
+
+    def _serve_grpc(self) -> None:
+        workers = max(8, self.config.get("num.io.threads"))
+        self.grpc_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
+            maximum_concurrent_rpcs=self.config.get("queued.max.requests"),
+            options=[("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+                     ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+                     ("grpc.so_reuseport", 0)])
+        pbg.add_ReplikafkaServicer_to_server(BrokerServicer(self), self.grpc_server)
+        bind = self.config.get("listeners")[0]
+        if self.grpc_server.add_insecure_port(f"{bind.host}:{bind.port}") == 0:
+            from replikafka.errors import InvalidConfigError
+            raise InvalidConfigError(f"listeners: cannot bind {bind.host}:{bind.port} (in use?)")
+        self.grpc_server.start()
+
+    def _loop(self, name: str, work, interval_ms: float) -> None:
+        def run():
+            while not self.stopped.wait(interval_ms / 1000.0):
+                try:
+                    work()
+                except Exception:
+                    if not self.stopped.is_set():
+                        log.exception("%s failed", name)
+        t = threading.Thread(target=run, name=name, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _checkpoint_hw(self) -> None:
+        self.log_manager.checkpoint_high_watermarks(self.replica_manager.high_watermarks())
+
+    # ------------------------------------------------------------ ZooKeeper session
+    def _on_zk_state(self, state) -> None:
+        # Listeners must not block: only flag; _session_work does the work.
+        if state == KazooState.LOST:
+            self.session_lost.set()
+        elif state == KazooState.CONNECTED and self.session_lost.is_set():
+            self.session_back.set()
+
+    def _session_work(self) -> None:
+        if not self.session_back.is_set():
+            return
+        self.session_back.clear()
+        self.session_lost.clear()
+        log.warning("broker %d: ZooKeeper session expired; re-registering", self.broker_id)
+        self.store.register_broker(self.broker_id, self.endpoint.host, self.endpoint.port)
+        self.controller.enqueue("session_reestablished")
+
+    # ------------------------------------------------------------ stop
+    def stop(self) -> None:
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        log.info("broker %d shutting down", self.broker_id)
+        self.controller.stop()
+        self.replica_manager.shutdown()
+        self.grpc_server.stop(grace=1.0).wait(5)
+        for t in self.threads:
+            t.join(timeout=5)
+        self._checkpoint_hw()
+        self.log_manager.close()
+        try:
+            self.zk.stop()
+            self.zk.close()
+        except Exception:
+            pass
+
+    def wait(self) -> None:
+        self.stopped.wait()
+
+
+def run_broker(config: BrokerConfig) -> int:
+    server = BrokerServer(config)
+    done = threading.Event()
+
+    def on_signal(signum, _frame):
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    print(f"replikafka broker {server.broker_id} started on {server.endpoint.host}:{server.endpoint.port} "
+          f"(pid {os.getpid()})", flush=True)
+    while not done.wait(1.0):
+        pass
+    server.stop()
+    return 0

@@ -1,0 +1,79 @@
+"""The controller's pure decisions, driven directly."""
+from collections import Counter
+
+import pytest
+
+from replikafka.broker.controller import controller_decisions as D
+from replikafka.broker.zk_store import LeaderAndIsr
+from replikafka.errors import InvalidPartitionsError, InvalidReplicationFactorError
+
+
+def test_assignment_spreads_leaders_and_replicas_evenly():
+    a = D.assign_replicas(6, 3, [1, 2, 3], start_index=0, replica_shift=0)
+    assert sorted(a) == list(range(6))
+    assert all(len(set(r)) == 3 for r in a.values())
+    leaders = Counter(r[0] for r in a.values())
+    assert leaders == {1: 2, 2: 2, 3: 2}
+    replicas = Counter(b for r in a.values() for b in r)
+    assert replicas == {1: 6, 2: 6, 3: 6}
+
+
+def test_assignment_is_kafkas_round_robin():
+    assert D.assign_replicas(4, 2, [1, 2, 3, 4], start_index=0, replica_shift=0) == {
+        0: [1, 2], 1: [2, 3], 2: [3, 4], 3: [4, 1]}
+    # After every len(brokers) partitions the follower shift moves on.
+    a = D.assign_replicas(8, 2, [1, 2, 3, 4], start_index=0, replica_shift=0)
+    assert a[4] == [1, 3]
+
+
+def test_assignment_refuses_bad_counts_with_clear_errors():
+    with pytest.raises(InvalidReplicationFactorError, match="larger than the 2 live broker"):
+        D.assign_replicas(1, 3, [1, 2], start_index=0, replica_shift=0)
+    with pytest.raises(InvalidPartitionsError, match="at least 1"):
+        D.assign_replicas(0, 1, [1, 2], start_index=0, replica_shift=0)
+    with pytest.raises(InvalidReplicationFactorError):
+        D.assign_replicas(1, 0, [1, 2], start_index=0, replica_shift=0)
+
+
+def test_initial_leader_is_first_live_replica():
+    assert D.initial_leader_and_isr([2, 3, 1], {1, 3}, 7) == LeaderAndIsr(3, 0, (3, 1), 7)
+    assert D.initial_leader_and_isr([2], set(), 7).leader == D.NO_LEADER
+
+
+def test_election_picks_first_live_isr_member_in_assignment_order():
+    cur = LeaderAndIsr(1, 4, (1, 3, 2), 1)
+    e = D.elect_leader([1, 2, 3], cur, {2, 3}, 2, unclean_allowed=False)
+    assert e == D.Election(LeaderAndIsr(2, 5, (3, 2), 2))
+
+
+def test_no_live_isr_member_goes_offline_keeping_the_isr_unless_unclean():
+    cur = LeaderAndIsr(1, 4, (1,), 1)
+    assert D.elect_leader([1, 2, 3], cur, {2, 3}, 2, unclean_allowed=False) == \
+        D.Election(LeaderAndIsr(-1, 5, (1,), 2))
+    e = D.elect_leader([1, 2, 3], cur, {2, 3}, 2, unclean_allowed=True)
+    assert e.unclean and e.state == LeaderAndIsr(2, 5, (2,), 2)
+    # Already offline and still nobody eligible: nothing to write.
+    assert D.elect_leader([1, 2, 3], LeaderAndIsr(-1, 5, (1,), 2), {2, 3}, 2, False) is None
+    # The ISR member returns: it leads again.
+    assert D.elect_leader([1, 2, 3], LeaderAndIsr(-1, 5, (1,), 2), {1, 2}, 3, False) == \
+        D.Election(LeaderAndIsr(1, 6, (1,), 3))
+
+
+def test_broker_change_elects_for_led_partitions_and_shrinks_isrs_of_the_rest():
+    assignments = {"t": {0: [1, 2, 3], 1: [2, 3, 1], 2: [3, 1, 2]}}
+    states = {("t", 0): LeaderAndIsr(1, 0, (1, 2, 3), 1),
+              ("t", 1): LeaderAndIsr(2, 0, (2, 3, 1), 1),
+              ("t", 2): LeaderAndIsr(3, 0, (3, 1, 2), 1)}
+    out = D.on_brokers_changed(assignments, states, {2, 3}, 2, lambda t: False)
+    assert out == {
+        ("t", 0): D.Election(LeaderAndIsr(2, 1, (2, 3), 2)),
+        ("t", 1): D.Election(LeaderAndIsr(2, 0, (2, 3), 2)),
+        ("t", 2): D.Election(LeaderAndIsr(3, 0, (3, 2), 2)),
+    }
+
+
+def test_preferred_election_only_when_preferred_is_live_and_in_sync():
+    cur = LeaderAndIsr(2, 3, (2, 1), 1)
+    assert D.preferred_leader_election([1, 2], cur, {1, 2}, 2) == LeaderAndIsr(1, 4, (2, 1), 2)
+    assert D.preferred_leader_election([1, 2], LeaderAndIsr(2, 3, (2,), 1), {1, 2}, 2) is None
+    assert D.preferred_leader_election([1, 2], cur, {2}, 2) is None

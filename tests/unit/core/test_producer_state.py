@@ -1,0 +1,47 @@
+"""Idempotent producer deduplication (KIP-98)."""
+import pytest
+
+from replikafka.broker.producer_state import Duplicate, ProducerStateManager
+from replikafka.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+
+
+def test_retry_of_a_recent_batch_is_a_duplicate_with_its_original_offsets():
+    m = ProducerStateManager()
+    assert m.check(7, 0, 0, 10) is None
+    m.update(7, 0, 0, 10, first_offset=100)
+    m.update(7, 0, 10, 5, first_offset=110)
+    assert m.check(7, 0, 0, 10) == Duplicate(100, 109)
+    assert m.check(7, 0, 10, 5) == Duplicate(110, 114)
+    assert m.check(7, 0, 15, 1) is None
+
+
+def test_gaps_and_old_epochs_are_refused():
+    m = ProducerStateManager()
+    m.update(7, 1, 0, 10, first_offset=0)
+    with pytest.raises(OutOfOrderSequenceError, match="expected sequence 10"):
+        m.check(7, 1, 12, 1)
+    with pytest.raises(InvalidProducerEpochError):
+        m.check(7, 0, 10, 1)
+    with pytest.raises(OutOfOrderSequenceError):
+        m.check(7, 2, 5, 1)
+    assert m.check(7, 2, 0, 1) is None
+
+
+def test_only_the_last_five_batches_are_remembered_and_truncation_forgets():
+    m = ProducerStateManager()
+    for i in range(7):
+        m.update(1, 0, i, 1, first_offset=i)
+    assert m.check(1, 0, 2, 1) == Duplicate(2, 2)
+    with pytest.raises(OutOfOrderSequenceError):
+        m.check(1, 0, 1, 1)  # too old to recognise: refused, never silently re-appended
+    m.truncate_to(5)
+    assert m.check(1, 0, 5, 1) is None
+    m.truncate_to(0)
+    assert m.producers == {}
+
+
+def test_non_idempotent_batches_are_never_checked():
+    m = ProducerStateManager()
+    assert m.check(-1, -1, -1, 100) is None
+    m.update(-1, -1, -1, 100, first_offset=0)
+    assert m.producers == {}
