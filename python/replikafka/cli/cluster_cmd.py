@@ -1,0 +1,73 @@
+"""`replikafka cluster start --brokers N --dir D [--zookeeper H:P]` / `stop --dir D` / `status --dir D`."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from replikafka.errors import ReplikafkaError
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="a local cluster: embedded ZooKeeper + N brokers in the background")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--dir", required=True, help="directory for the cluster's data, logs and state")
+    p.add_argument("--brokers", type=int, default=3, help="number of brokers (start)")
+    p.add_argument("--zookeeper", default=None, help="use this ZooKeeper instead of an embedded one")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="broker config for every broker (repeatable)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from replikafka.broker.config import parse_overrides
+    from replikafka.local_cluster import LocalCluster, load_state, pid_alive
+
+    if args.action == "start":
+        if args.brokers < 1:
+            raise ReplikafkaError("--brokers must be at least 1")
+        overrides = parse_overrides(args.override)
+        cluster = LocalCluster(args.dir, args.brokers, zookeeper_connect=args.zookeeper, overrides=overrides)
+        try:
+            cluster.start()
+        except BaseException:
+            cluster.stop()
+            raise
+        # Detach: the processes outlive this command (they run in their own sessions).
+        print(f"zookeeper: {cluster.zookeeper_connect}")
+        print(f"bootstrap servers: {cluster.bootstrap_servers}")
+        sys.stdout.flush()
+        os._exit(0)
+    state = load_state(args.dir)
+    if args.action == "status":
+        print(f"zookeeper: {state['zookeeper']} "
+              f"({'up' if pid_alive(state.get('zookeeper_pid')) or not state.get('zookeeper_pid') else 'down'})")
+        for bid, b in sorted(state["brokers"].items(), key=lambda kv: int(kv[0])):
+            print(f"broker {bid}: 127.0.0.1:{b['port']} pid {b['pid']} {'up' if pid_alive(b['pid']) else 'down'}")
+        print(f"bootstrap servers: {state['bootstrap_servers']}")
+        return 0
+    # stop: brokers first (clean shutdown), then ZooKeeper
+    pids = [b["pid"] for b in state["brokers"].values()]
+    for pid in pids:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    _wait_gone(pids, 30)
+    zk_pid = state.get("zookeeper_pid")
+    if zk_pid and pid_alive(zk_pid):
+        os.kill(zk_pid, signal.SIGTERM)
+        _wait_gone([zk_pid], 15)
+    os.unlink(os.path.join(args.dir, "cluster.json"))
+    print("cluster stopped")
+    return 0
+
+
+def _wait_gone(pids, timeout_s):
+    from replikafka.local_cluster import pid_alive
+
+    deadline = time.time() + timeout_s
+    while any(pid_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    for p in pids:
+        if pid_alive(p):
+            os.kill(p, signal.SIGKILL)

@@ -1,0 +1,250 @@
+"""A local cluster on this machine: one embedded ZooKeeper and N broker processes.
+
+Used by ``replikafka cluster start|stop|status``, by ``./build.sh demo`` and by
+the integration tests (which pass their own ZooKeeper chroot). Brokers are real
+OS processes (``python -m replikafka broker``) so tests can SIGKILL, SIGSTOP
+and restart them. State lives in ``<dir>/cluster.json`` so ``stop`` and
+``status`` work from another process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from kazoo.client import KazooClient
+
+from replikafka.errors import ReplikafkaError
+from replikafka.zookeeper_server import ZooKeeperServer, _set_pdeathsig, free_port
+
+STATE_FILE = "cluster.json"
+START_TIMEOUT_S = 60.0
+
+#: Settings that make a local cluster react quickly; users may override any.
+LOCAL_DEFAULTS = {
+    "zookeeper.session.timeout.ms": "6000",
+    "replica.lag.time.max.ms": "10000",
+    "replica.fetch.wait.max.ms": "200",
+    "replica.high.watermark.checkpoint.interval.ms": "1000",
+    "num.partitions": "1",
+}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+class LocalCluster:
+    def __init__(self, base_dir: str, brokers: int = 3, *, zookeeper_connect: str | None = None,
+                 overrides: dict[str, str] | None = None, broker_overrides: dict[int, dict[str, str]] | None = None,
+                 first_broker_id: int = 1, die_with_parent: bool = False):
+        self.base_dir = os.path.abspath(base_dir)
+        self.n = brokers
+        self.external_zk = zookeeper_connect
+        self.zk_server: ZooKeeperServer | None = None
+        self.overrides = {**LOCAL_DEFAULTS, **(overrides or {})}
+        self.broker_overrides = broker_overrides or {}
+        self.ids = list(range(first_broker_id, first_broker_id + brokers))
+        self.ports: dict[int, int] = {}
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.zookeeper_connect = zookeeper_connect or ""
+        # Tests want their processes gone if the test run dies; `cluster start` does not.
+        self.die_with_parent = die_with_parent
+
+    # ------------------------------------------------------------ start / stop
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> "LocalCluster":
+        os.makedirs(self.base_dir, exist_ok=True)
+        if not self.external_zk:
+            self.zk_server = ZooKeeperServer(port=free_port(), data_dir=os.path.join(self.base_dir, "zookeeper"),
+                                             die_with_parent=self.die_with_parent)
+            self.zk_server.start(timeout_s=timeout_s)
+            self.zookeeper_connect = self.zk_server.connect_string
+        self.ports = dict(zip(self.ids, _free_ports(len(self.ids))))
+        for bid in self.ids:
+            self.start_broker(bid, wait=False)
+        self.wait_registered(self.ids, timeout_s)
+        self._save_state()
+        return self
+
+    def properties_path(self, broker_id: int) -> str:
+        return os.path.join(self.base_dir, f"broker-{broker_id}.properties")
+
+    def log_path(self, broker_id: int) -> str:
+        return os.path.join(self.base_dir, f"broker-{broker_id}.log")
+
+    def _write_properties(self, broker_id: int) -> str:
+        props = {
+            "broker.id": str(broker_id),
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.ports[broker_id]}",
+            "log.dirs": os.path.join(self.base_dir, f"broker-{broker_id}-logs"),
+            "zookeeper.connect": self.zookeeper_connect,
+            **self.overrides,
+            **self.broker_overrides.get(broker_id, {}),
+        }
+        path = self.properties_path(broker_id)
+        with open(path, "w") as f:
+            f.write("# written by replikafka LocalCluster\n")
+            for k, v in props.items():
+                f.write(f"{k}={v}\n")
+        return path
+
+    def start_broker(self, broker_id: int, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
+        path = self._write_properties(broker_id)
+        out = open(self.log_path(broker_id), "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.procs[broker_id] = subprocess.Popen(
+            [sys.executable, "-m", "replikafka", "broker", path], stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            preexec_fn=_set_pdeathsig if self.die_with_parent and sys.platform.startswith("linux") else None)
+        out.close()
+        if wait:
+            self.wait_registered([broker_id], timeout_s)
+            self._save_state()
+
+    def wait_registered(self, ids, timeout_s: float = START_TIMEOUT_S) -> None:
+        zk = self.zk()
+        try:
+            deadline = time.time() + timeout_s
+            while True:
+                live = set(zk.get_children("/brokers/ids")) if zk.exists("/brokers/ids") else set()
+                if {str(i) for i in ids} <= live:
+                    return
+                for i in ids:
+                    p = self.procs.get(i)
+                    if p is not None and p.poll() is not None:
+                        raise ReplikafkaError(f"broker {i} exited with {p.returncode} during start-up; "
+                                              f"see {self.log_path(i)}:\n{self.tail(i)}")
+                if time.time() > deadline:
+                    raise ReplikafkaError(f"brokers {sorted(ids)} did not register within {timeout_s:.0f}s; "
+                                          f"registered: {sorted(live)}")
+                time.sleep(0.05)
+        finally:
+            zk.stop()
+            zk.close()
+
+    def tail(self, broker_id: int, lines: int = 30) -> str:
+        try:
+            with open(self.log_path(broker_id), "rb") as f:
+                return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def signal_broker(self, broker_id: int, sig: int) -> None:
+        p = self.procs.get(broker_id)
+        if p is not None and p.poll() is None:
+            os.kill(p.pid, sig)
+
+    def kill(self, broker_id: int) -> None:
+        """kill -9: nothing acknowledged may be lost."""
+        self.signal_broker(broker_id, signal.SIGKILL)
+        self.procs[broker_id].wait(10)
+
+    def stop_broker(self, broker_id: int, timeout_s: float = 30.0) -> int:
+        p = self.procs.get(broker_id)
+        if p is None or p.poll() is not None:
+            return p.returncode if p else 0
+        p.terminate()
+        try:
+            return p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            return p.wait(10)
+
+    def pause(self, broker_id: int) -> None:
+        self.signal_broker(broker_id, signal.SIGSTOP)
+
+    def resume(self, broker_id: int) -> None:
+        self.signal_broker(broker_id, signal.SIGCONT)
+
+    def alive(self, broker_id: int) -> bool:
+        p = self.procs.get(broker_id)
+        return p is not None and p.poll() is None
+
+    def stop(self) -> None:
+        for bid in list(self.procs):
+            self.resume(bid)
+            p = self.procs[bid]
+            if p.poll() is None:
+                p.terminate()
+        for bid, p in self.procs.items():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        if self.zk_server is not None:
+            self.zk_server.stop()
+        try:
+            os.unlink(os.path.join(self.base_dir, STATE_FILE))
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ------------------------------------------------------------ info
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{self.ports[b]}" for b in self.ids)
+
+    def address(self, broker_id: int) -> str:
+        return f"127.0.0.1:{self.ports[broker_id]}"
+
+    def zk(self) -> KazooClient:
+        zk = KazooClient(hosts=self.zookeeper_connect, timeout=10)
+        zk.start(timeout=15)
+        return zk
+
+    def controller_id(self) -> int:
+        zk = self.zk()
+        try:
+            if not zk.exists("/controller"):
+                return -1
+            return int(json.loads(zk.get("/controller")[0])["brokerid"])
+        finally:
+            zk.stop()
+            zk.close()
+
+    def _save_state(self) -> None:
+        state = {"zookeeper": self.zookeeper_connect,
+                 "zookeeper_pid": self.zk_server.pid if self.zk_server else None,
+                 "brokers": {str(b): {"pid": p.pid, "port": self.ports[b]} for b, p in self.procs.items()},
+                 "bootstrap_servers": self.bootstrap_servers}
+        with open(os.path.join(self.base_dir, STATE_FILE), "w") as f:
+            json.dump(state, f, indent=1)
+
+
+def load_state(base_dir: str) -> dict:
+    path = os.path.join(base_dir, STATE_FILE)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ReplikafkaError(f"no cluster is running in {base_dir} (no {STATE_FILE})") from None
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
