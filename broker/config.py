@@ -106,6 +106,24 @@ class _StringType(ConfigType):
         return raw.strip()
 
 
+class Endpoint(NamedTuple):
+    """One listener: ``PLAINTEXT://host:port``. An empty host binds every interface."""
+
+    protocol: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        host = self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.protocol}://{self.address}"
+
+
 class _ListType(ConfigType):
     name = "list"
     description = "a comma-separated list"
@@ -113,8 +131,8 @@ class _ListType(ConfigType):
     def parse(self, raw: Any) -> tuple:
         if isinstance(raw, str):
             items = raw.split(",")
-        elif isinstance(raw, (list, tuple)) and all(isinstance(x, str) for x in raw):
-            items = list(raw)
+        elif isinstance(raw, (list, tuple)) and all(isinstance(x, (str, Endpoint)) for x in raw):
+            items = [str(x) for x in raw]
         else:
             raise ValueError("not a comma-separated list")
         return tuple(item.strip() for item in items if item.strip())
@@ -174,24 +192,6 @@ class OneOf(Validator):
 
     def describe(self) -> str:
         return " | ".join(self.values)
-
-
-class Endpoint(NamedTuple):
-    """One listener: ``PLAINTEXT://host:port``. An empty host binds every interface."""
-
-    protocol: str
-    host: str
-    port: int
-
-    @property
-    def address(self) -> str:
-        host = self.host
-        if ":" in host:
-            host = f"[{host}]"
-        return f"{host}:{self.port}"
-
-    def __str__(self) -> str:
-        return f"{self.protocol}://{self.address}"
 
 
 _LISTENER_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]\s]*):([0-9]+)")
