@@ -731,7 +731,6 @@ class BrokerConfig:
             raise _unknown_key(name, BROKER_KEYS, "broker")
         return name in self._explicit
 
-    @property
     def advertised_endpoint(self) -> Endpoint:
         """The first advertised listener (or the first listener when none is advertised)."""
         return self.get("advertised.listeners")[0]

@@ -196,7 +196,7 @@ def test_listeners():
     assert c.listeners == (Endpoint("PLAINTEXT", "", 9093), Endpoint("PLAINTEXT", "::1", 9094),
                            Endpoint("PLAINTEXT", "0.0.0.0", 0))
     assert c.listeners[1].address == "[::1]:9094"
-    assert cfg().advertised_endpoint == Endpoint("PLAINTEXT", "127.0.0.1", 9092)
+    assert cfg().advertised_endpoint() == Endpoint("PLAINTEXT", "127.0.0.1", 9092)
     assert cfg().listeners[0].address == "127.0.0.1:9092"
     for bad in ("127.0.0.1:9092", "SSL://h:1", "PLAINTEXT://h:70000", "PLAINTEXT://h", "",
                 "PLAINTEXT://a:1,PLAINTEXT://b:1"):
@@ -205,7 +205,7 @@ def test_listeners():
 
 def test_advertised_listeners():
     c = cfg(listeners="PLAINTEXT://0.0.0.0:9092", advertised_listeners="PLAINTEXT://broker1:9092")
-    assert c.advertised_endpoint == Endpoint("PLAINTEXT", "broker1", 9092)
+    assert c.advertised_endpoint() == Endpoint("PLAINTEXT", "broker1", 9092)
     assert c.get("advertised.listeners", effective=False) == (Endpoint("PLAINTEXT", "broker1", 9092),)
     assert cfg().get("advertised.listeners", effective=False) is None
     assert cfg().get("advertised.listeners") == cfg().listeners
