@@ -1,0 +1,148 @@
+"""gRPC channels to brokers, and bootstrap-list parsing.
+
+A :class:`ConnectionPool` keeps one channel (and one stub) per ``"host:port"``.
+gRPC channels and stubs are thread-safe, so one pool serves every thread of a
+client; the pool's own map is guarded by a lock. Every failure of a call comes
+out as an exception of :mod:`replikafka.errors`, never as ``grpc.RpcError``.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+import grpc
+
+from replikafka import errors as E
+from replikafka.protocol import replikafka_pb2_grpc as pb_grpc
+from replikafka.protocol.rpc_errors import from_rpc_error
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Keepalive only while calls are active, and rarely: servers with default
+    # policies answer frequent pings with GOAWAY(too_many_pings).
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    # A restarted broker must be reachable again quickly (the default backoff
+    # grows to two minutes).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    # Brokers are reached directly, never through an HTTP proxy from the environment.
+    ("grpc.enable_http_proxy", 0),
+]
+
+
+def parse_bootstrap(servers: str | Iterable[str]) -> list[str]:
+    """``"h1:p1,h2:p2"`` (or a list of ``"host:port"``) -> ``["h1:p1", "h2:p2"]``.
+
+    IPv6 hosts are written ``[::1]:9092``. Raises :class:`InvalidConfigError`
+    naming the bad entry.
+    """
+    if isinstance(servers, str):
+        items = servers.split(",")
+    else:
+        try:
+            items = list(servers)
+        except TypeError:
+            raise E.InvalidConfigError(
+                f"bootstrap servers must be 'host:port[,host:port...]', got {servers!r}") from None
+    out: list[str] = []
+    for raw in items:
+        if not isinstance(raw, str):
+            raise E.InvalidConfigError(f"bootstrap server {raw!r} is not a 'host:port' string")
+        item = raw.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host_ok = len(host) > 2
+        else:
+            host_ok = bool(host) and ":" not in host and " " not in host
+        if not sep or not host_ok or not port.isdigit() or not 0 < int(port) < 65536:
+            raise E.InvalidConfigError(
+                f"bootstrap server {item!r} is not 'host:port' (e.g. 127.0.0.1:9092)")
+        if item not in out:
+            out.append(item)
+    if not out:
+        raise E.InvalidConfigError(f"no bootstrap servers given ({servers!r}); use 'host:port[,host:port...]'")
+    return out
+
+
+def target_of(host: str, port: int) -> str:
+    """The ``"host:port"`` key for a broker endpoint (brackets IPv6 literals)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+class ConnectionPool:
+    """One gRPC channel per broker address, shared by all threads of a client."""
+
+    def __init__(self, options: list[tuple[str, Any]] | None = None):
+        self._options = list(CHANNEL_OPTIONS) + list(options or [])
+        self._lock = threading.Lock()
+        self._channels: dict[str, tuple[grpc.Channel, pb_grpc.ReplikafkaStub]] = {}
+        self._closed = False
+
+    def stub(self, target: str) -> pb_grpc.ReplikafkaStub:
+        with self._lock:
+            if self._closed:
+                raise E.ReplikafkaError("the client is closed", code="CLIENT_CLOSED")
+            entry = self._channels.get(target)
+            if entry is None:
+                channel = grpc.insecure_channel(target, options=self._options)
+                entry = (channel, pb_grpc.ReplikafkaStub(channel))
+                self._channels[target] = entry
+            return entry[1]
+
+    def call(self, target: str, method: str, request, timeout_s: float):
+        """Blocking unary call; raises the error tree on any failure."""
+        fn = getattr(self.stub(target), method)
+        try:
+            return fn(request, timeout=max(timeout_s, 0.001))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, target) from None
+
+    def call_async(self, target: str, method: str, request, timeout_s: float) -> grpc.Future:
+        """Starts a unary call and returns its grpc future; read it with :func:`result_of`."""
+        fn = getattr(self.stub(target), method)
+        return fn.future(request, timeout=max(timeout_s, 0.001))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for channel, _ in channels:
+            channel.close()
+
+
+def result_of(future: grpc.Future, target: str = ""):
+    """The response of a call started by :meth:`ConnectionPool.call_async`,
+    or the error-tree exception it failed with (blocks until done)."""
+    try:
+        return future.result()
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc, target) from None
+
+
+def error_of(future: grpc.Future, target: str = "") -> E.ReplikafkaError | None:
+    """For a finished call: its failure as an error-tree exception, or None."""
+    if future.cancelled():
+        return E.BrokerNotAvailableError(f"request cancelled ({target})")
+    exc = future.exception()
+    if exc is None:
+        return None
+    if isinstance(exc, grpc.RpcError):
+        return from_rpc_error(exc, target)
+    if isinstance(exc, E.ReplikafkaError):
+        return exc
+    return E.ReplikafkaError(f"{type(exc).__name__}: {exc} ({target})")
+
+
+def annotated(err: E.ReplikafkaError, where: str) -> E.ReplikafkaError:
+    """The same error (class, code) with ``where`` prefixed to its message."""
+    return E.error_for_code(err.code, f"{where}: {err.message}")

@@ -1,0 +1,238 @@
+"""The client's cache of cluster metadata: brokers, topics, partition leaders.
+
+:class:`ClusterMetadata` is thread-safe: readers take a snapshot under a lock
+(the cached objects are immutable), and :meth:`ClusterMetadata.refresh` runs at
+most one ``Metadata`` RPC at a time; callers that pass the ``version`` they saw
+skip the RPC when another thread refreshed meanwhile.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import pyarrow as pa
+
+from replikafka import errors as E
+from replikafka.client.connection import ConnectionPool, target_of
+from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol.rpc_errors import from_pb
+from replikafka.records import KAFKA_SCHEMA, schema_from_bytes, stored_schema, topic_schema_of
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    id: int
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        return target_of(self.host, self.port)
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One partition as the metadata cache knows it (``leader`` -1: offline)."""
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    error: E.ReplikafkaError | None = None
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """A topic: its stored schema (topic columns + ``timestamp``), topic schema, config, partitions."""
+    name: str
+    stored_schema: pa.Schema
+    schema: pa.Schema
+    config: dict[str, str]
+    partitions: dict[int, PartitionInfo] = field(default_factory=dict)
+    error: E.ReplikafkaError | None = None
+
+
+def topic_info_from_pb(t: pb.TopicMetadata) -> TopicInfo:
+    stored = schema_from_bytes(t.schema) if t.schema else stored_schema(KAFKA_SCHEMA)
+    parts = {
+        p.partition: PartitionInfo(t.name, p.partition, p.leader, p.leader_epoch,
+                                   tuple(p.replicas), tuple(p.isr), from_pb(p.error))
+        for p in sorted(t.partitions, key=lambda p: p.partition)
+    }
+    return TopicInfo(t.name, stored, topic_schema_of(stored), dict(t.config), parts, from_pb(t.error))
+
+
+class ClusterMetadata:
+    """Cached view of the cluster, refreshed from any reachable broker.
+
+    ``bootstrap`` is a list of ``"host:port"``. Topics are fetched on demand:
+    a refresh asks for every topic asked about before plus the ones named.
+    """
+
+    def __init__(self, pool: ConnectionPool, bootstrap: list[str], *,
+                 request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100):
+        self._pool = pool
+        self._bootstrap = list(bootstrap)
+        self._request_timeout_s = request_timeout_ms / 1000
+        self._backoff_s = max(retry_backoff_ms, 1) / 1000
+        self._lock = threading.Lock()          # guards the cache fields
+        self._refresh_lock = threading.Lock()  # one Metadata RPC at a time
+        self._brokers: dict[int, BrokerInfo] = {}
+        self._controller_id = -1
+        self._topics: dict[str, TopicInfo] = {}
+        self._wanted: set[str] = set()
+        self._version = 0
+        self._last_refresh = 0.0
+
+    # ------------------------------------------------------------ reading
+    @property
+    def version(self) -> int:
+        """Increases with every successful refresh."""
+        with self._lock:
+            return self._version
+
+    @property
+    def last_refresh(self) -> float:
+        """``time.monotonic()`` of the last successful refresh (0: never)."""
+        with self._lock:
+            return self._last_refresh
+
+    @property
+    def controller_id(self) -> int:
+        with self._lock:
+            return self._controller_id
+
+    def brokers(self) -> list[BrokerInfo]:
+        with self._lock:
+            return sorted(self._brokers.values(), key=lambda b: b.id)
+
+    def broker(self, broker_id: int) -> BrokerInfo | None:
+        with self._lock:
+            return self._brokers.get(broker_id)
+
+    def topic(self, name: str) -> TopicInfo | None:
+        """The cached topic (no RPC), or None when unknown."""
+        with self._lock:
+            return self._topics.get(name)
+
+    def topics(self) -> dict[str, TopicInfo]:
+        with self._lock:
+            return dict(self._topics)
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        t = self.topic(topic)
+        return t.partitions.get(partition) if t else None
+
+    def partitions_for(self, topic: str) -> list[int]:
+        t = self.topic(topic)
+        return sorted(t.partitions) if t else []
+
+    def leader_for(self, topic: str, partition: int) -> BrokerInfo | None:
+        """The live leader broker of a partition, or None (offline/unknown)."""
+        with self._lock:
+            t = self._topics.get(topic)
+            p = t.partitions.get(partition) if t else None
+            if p is None or p.leader < 0:
+                return None
+            return self._brokers.get(p.leader)
+
+    def require_topic(self, name: str, timeout_ms: int | None = None) -> TopicInfo:
+        """The topic, refreshing once if it is not cached; raises
+        :class:`UnknownTopicOrPartitionError` if the cluster does not know it."""
+        t = self.topic(name)
+        if t is not None:
+            return t
+        self.refresh([name], timeout_ms=timeout_ms)
+        t = self.topic(name)
+        if t is None:
+            raise E.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return t
+
+    def candidates(self) -> list[str]:
+        """Addresses to try for a cluster-wide request: known brokers first
+        (in random order, to spread load), then the bootstrap list."""
+        with self._lock:
+            known = [b.target for b in self._brokers.values()]
+        random.shuffle(known)
+        return known + [t for t in self._bootstrap if t not in known]
+
+    # ------------------------------------------------------------ refreshing
+    def forget(self, topic: str) -> None:
+        """Stop tracking a topic (it is no longer refreshed)."""
+        with self._lock:
+            self._wanted.discard(topic)
+            self._topics.pop(topic, None)
+
+    def refresh(self, topics: Iterable[str] = (), *, all_topics: bool = False,
+                timeout_ms: int | None = None, if_version: int | None = None) -> None:
+        """Fetch metadata for the tracked topics plus ``topics`` (or every topic).
+
+        Tries each known broker and then the bootstrap servers, backing off
+        between rounds, until one answers or ``timeout_ms`` (default: the
+        request timeout) passes; then raises :class:`BrokerNotAvailableError`.
+        With ``if_version``: does nothing if a refresh completed since that
+        version was read.
+        """
+        topics = list(topics)
+        with self._lock:
+            self._wanted.update(topics)
+        deadline = time.monotonic() + (self._request_timeout_s if timeout_ms is None else timeout_ms / 1000)
+        with self._refresh_lock:
+            if if_version is not None and self.version != if_version:
+                return
+            with self._lock:
+                wanted = sorted(self._wanted)
+            request = pb.MetadataRequest(topics=[] if all_topics else wanted, all_topics=all_topics)
+            backoff = self._backoff_s
+            last: E.ReplikafkaError | None = None
+            while True:
+                for target in self.candidates():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    try:
+                        response = self._pool.call(target, "Metadata", request,
+                                                   min(remaining, self._request_timeout_s))
+                    except E.ReplikafkaError as exc:
+                        last = exc
+                        continue
+                    self._apply(response, request)
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise E.BrokerNotAvailableError(
+                        f"no broker answered a metadata request (bootstrap {','.join(self._bootstrap)})"
+                        + (f"; last error: {last}" if last else ""))
+                time.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, 1.0)
+
+    def _apply(self, response: pb.MetadataResponse, request: pb.MetadataRequest) -> None:
+        brokers = {b.id: BrokerInfo(b.id, b.host, b.port) for b in response.brokers}
+        fresh: dict[str, TopicInfo] = {}
+        unknown: set[str] = set()
+        for t in response.topics:
+            info = topic_info_from_pb(t)
+            if isinstance(info.error, (E.UnknownTopicOrPartitionError, E.InvalidTopicError)):
+                unknown.add(t.name)
+            else:
+                fresh[t.name] = info
+        with self._lock:
+            if brokers:
+                self._brokers = brokers
+            self._controller_id = response.controller_id
+            if request.all_topics:
+                self._topics = fresh
+            else:
+                for name in request.topics:
+                    if name not in fresh:
+                        unknown.add(name)
+                for name in unknown:
+                    self._topics.pop(name, None)
+                    self._wanted.discard(name)
+                self._topics.update(fresh)
+            self._version += 1
+            self._last_refresh = time.monotonic()

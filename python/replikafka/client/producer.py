@@ -1,0 +1,444 @@
+"""The producer: batches Arrow records per partition and sends them to leaders.
+
+Threading: :meth:`Producer.send`, :meth:`Producer.flush` and
+:meth:`Producer.close` may be called from any thread. One background *sender*
+thread drains ready batches, encodes them (one Arrow IPC stream per partition,
+one ``Produce`` RPC per leader broker) and handles the answers, which gRPC
+delivers on its own threads into a queue the sender reads. All shared state is
+guarded by one condition variable; futures are completed outside it, on the
+sender thread, so keep callbacks short and never block in them.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Iterable
+
+import grpc
+import pyarrow as pa
+
+from replikafka import errors as E
+from replikafka.client.accumulator import (Accumulator, Action, ProducerBatch, RecordMetadata, SendHandle,
+                                           TopicPartition)
+from replikafka.client.connection import ConnectionPool, error_of, parse_bootstrap
+from replikafka.client.metadata import ClusterMetadata, TopicInfo
+from replikafka.client.partitioner import partition_for_key
+from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol.rpc_errors import from_pb
+from replikafka.records import encode_stream, to_record_batch
+
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+# Room left under max.message.bytes for the IPC schema, message headers and
+# padding, which RecordBatch.nbytes does not count.
+_IPC_SLACK = 0.05
+_DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE_NUMBER"
+# Errors after which the partition's leader may have moved.
+_REFRESH_ON = (E.NotLeaderOrFollowerError, E.LeaderNotAvailableError, E.FencedLeaderEpochError,
+               E.UnknownLeaderEpochError, E.UnknownTopicOrPartitionError, E.BrokerNotAvailableError,
+               E.RequestTimedOutError, E.StorageError)
+
+__all__ = ["Producer", "RecordMetadata", "split_batch", "parse_acks"]
+
+
+def parse_acks(acks: Any) -> int:
+    """``"all"``/-1, 1 or 0 (ints or strings) -> -1, 1, 0."""
+    text = str(acks).strip().lower()
+    if text in ("all", "-1"):
+        return -1
+    if text in ("0", "1"):
+        return int(text)
+    raise E.InvalidConfigError(f"acks must be 'all', -1, 0 or 1, got {acks!r}")
+
+
+def split_batch(batch: pa.RecordBatch, limit: int) -> list[pa.RecordBatch]:
+    """Zero-copy slices of ``batch`` of at most ``limit`` bytes each (by
+    ``nbytes``); raises :class:`RecordTooLargeError` if one record alone is larger."""
+    if batch.nbytes <= limit or batch.num_rows <= 1:
+        if batch.nbytes > limit:
+            raise E.RecordTooLargeError(
+                f"a record of {batch.nbytes} bytes is larger than the {limit}-byte limit (max.message.bytes)")
+        return [batch]
+    out = []
+    n = batch.num_rows
+    per_row = batch.nbytes / n
+    start = 0
+    while start < n:
+        rows = max(1, min(n - start, int(limit / per_row)))
+        piece = batch.slice(start, rows)
+        while piece.nbytes > limit and rows > 1:
+            rows = max(1, rows // 2)
+            piece = batch.slice(start, rows)
+        if piece.nbytes > limit:
+            raise E.RecordTooLargeError(
+                f"record {start} is {piece.nbytes} bytes, larger than the {limit}-byte limit (max.message.bytes)")
+        out.append(piece)
+        start += rows
+    return out
+
+
+class Producer:
+    """Sends records to topics; ``send`` returns a future per call.
+
+    ``bootstrap_servers``: ``"host:port[,host:port...]"``. ``acks``: ``"all"``
+    (-1), 1 or 0. ``idempotent``: number batches so the broker drops resent
+    duplicates (ignored with ``acks=0``). ``linger_ms``/``batch_size`` (bytes):
+    a partition's batch is sent when it is full or has waited that long.
+    ``buffer_memory`` bytes may wait in the queues; ``send`` blocks up to
+    ``max_block_ms`` for room (and for metadata), then raises
+    :class:`KafkaTimeoutError`. A record is retried on retriable errors, with
+    a metadata refresh, until ``delivery_timeout_ms`` after its send.
+    ``max_in_flight`` RPCs per broker (and batches per partition).
+    ``max_request_size`` caps one partition's append in bytes (default: the
+    topic's ``max.message.bytes``, else 1 MiB); bigger sends are split.
+    """
+
+    def __init__(self, bootstrap_servers: str | Iterable[str], acks: Any = "all", idempotent: bool = True,
+                 linger_ms: float = 5, batch_size: int = 1024 * 1024, delivery_timeout_ms: int = 120_000,
+                 request_timeout_ms: int = 30_000, max_in_flight: int = 5, retry_backoff_ms: int = 100,
+                 buffer_memory: int = 64 * 1024 * 1024, max_block_ms: int = 60_000,
+                 max_request_size: int | None = None):
+        self._acks = parse_acks(acks)
+        for name, v in (("batch_size", batch_size), ("max_in_flight", max_in_flight),
+                        ("buffer_memory", buffer_memory), ("request_timeout_ms", request_timeout_ms),
+                        ("delivery_timeout_ms", delivery_timeout_ms)):
+            if not isinstance(v, int) or v < 1:
+                raise E.InvalidConfigError(f"{name} must be a positive integer, got {v!r}")
+        if linger_ms < 0 or retry_backoff_ms < 0 or max_block_ms < 0:
+            raise E.InvalidConfigError("linger_ms, retry_backoff_ms and max_block_ms must not be negative")
+        self._bootstrap = parse_bootstrap(bootstrap_servers)
+        self._idempotent = bool(idempotent) and self._acks != 0
+        self._batch_size = batch_size
+        self._request_timeout_ms = request_timeout_ms
+        self._backoff_s = retry_backoff_ms / 1000
+        self._buffer_memory = buffer_memory
+        self._max_block_s = max_block_ms / 1000
+        self._max_request_size = max_request_size
+        self._pool = ConnectionPool()
+        self._metadata = ClusterMetadata(self._pool, self._bootstrap, request_timeout_ms=request_timeout_ms,
+                                         retry_backoff_ms=retry_backoff_ms)
+        self._acc = Accumulator(batch_size=batch_size, linger_s=linger_ms / 1000, max_in_flight=max_in_flight,
+                                idempotent=self._idempotent, delivery_timeout_s=delivery_timeout_ms / 1000,
+                                retry_backoff_s=self._backoff_s)
+        self._cv = threading.Condition()
+        self._responses: list[tuple[str, list[ProducerBatch], grpc.Future]] = []
+        self._sticky: dict[str, tuple[int, ProducerBatch | None]] = {}
+        self._round_robin = itertools.count(random.randrange(1 << 16))
+        self._flushing = 0
+        self._closing = False
+        self._abort: E.ReplikafkaError | None = None
+        self._refresh_wanted = False
+        self._sender = threading.Thread(target=self._run, name="replikafka-producer-sender", daemon=True)
+        self._sender.start()
+
+    # ------------------------------------------------------------ public API
+    def send(self, topic: str, data: Any, partition: int | None = None, key: bytes | str | None = None,
+             timestamp_ms: int | None = None) -> Future:
+        """Queue ``data`` for ``topic``; returns a ``Future[RecordMetadata]``.
+
+        ``data``: a ``pyarrow.RecordBatch``/``Table`` with the topic's columns
+        (``timestamp`` optional), a list of dicts, or a bytes/str value for a
+        Kafka-shaped topic. The partition is ``partition`` if given, else the
+        hash of ``key`` (Kafka's murmur2), else a sticky round-robin choice; a
+        ``key`` also becomes the record key when ``data`` is a bytes value.
+        Errors about the data or the topic become the future's exception; a
+        closed producer or no buffer room within ``max_block_ms`` raise here.
+        """
+        future: Future = Future()
+        future.set_running_or_notify_cancel()
+        self._check_open()
+        try:
+            info = self._metadata.topic(topic) or self._metadata.require_topic(
+                topic, timeout_ms=int(self._max_block_s * 1000))
+            if isinstance(key, str):
+                key = key.encode()
+            try:
+                batch = to_record_batch(data, info.schema, key=key, timestamp_ms=timestamp_ms, topic=topic)
+            except (pa.ArrowException, TypeError, ValueError) as exc:
+                raise E.InvalidSchemaError(f"topic {topic!r}: cannot convert the data: {exc}") from None
+            if partition is not None:
+                info = self._check_partition(info, partition)
+            elif not info.partitions:
+                raise E.LeaderNotAvailableError(f"topic {topic!r} has no partitions yet")
+            limit = self._append_limit(info)
+            pieces = split_batch(batch, limit) if batch.num_rows else []
+        except E.ReplikafkaError as exc:
+            future.set_exception(exc)
+            return future
+        if not pieces:
+            future.set_result(RecordMetadata(topic, partition if partition is not None else -1, -1, 0))
+            return future
+        deadline = time.monotonic() + self._max_block_s
+        cap = min(self._batch_size, limit)
+        with self._cv:
+            if partition is None:
+                partition = (partition_for_key(key, len(info.partitions)) if key is not None
+                             else self._sticky_partition(info, cap))
+            handle = SendHandle(future, topic, partition, len(pieces), batch.num_rows)
+            tp = (topic, partition)
+            for i, piece in enumerate(pieces):
+                self._wait_for_room(piece.nbytes, deadline, handle)
+                b = self._acc.append(tp, piece, handle, i, cap, time.monotonic())
+                if key is None and self._sticky.get(topic, (None,))[0] == partition:
+                    self._sticky[topic] = (partition, b)
+                if b.rows == piece.num_rows or b.nbytes >= cap:
+                    self._cv.notify_all()  # a new batch (linger starts) or a full one
+        return future
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now (ignoring linger) and wait until every
+        record sent before this call is acknowledged or has failed. Raises
+        :class:`KafkaTimeoutError` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            pending = list(self._acc.incomplete)
+            self._flushing += 1
+            self._cv.notify_all()
+            try:
+                for b in pending:
+                    while not b.done:
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise E.KafkaTimeoutError(f"flush did not finish within {timeout} s")
+                        self._cv.wait(remaining)
+            finally:
+                self._flushing -= 1
+
+    def close(self, timeout: float | None = None) -> None:
+        """Deliver what is queued (waiting at most ``timeout`` seconds), then
+        stop the sender; records still undelivered then fail. Idempotent."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._sender.join(timeout)
+        if self._sender.is_alive():
+            with self._cv:
+                self._abort = E.KafkaTimeoutError("the producer was closed before these records were delivered")
+                self._cv.notify_all()
+            self._sender.join()
+        self._pool.close()
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """The topic's partition ids (refreshing metadata if it is not cached)."""
+        return sorted(self._metadata.require_topic(topic).partitions)
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ send helpers
+    def _check_open(self) -> None:
+        if self._closing:
+            raise E.ReplikafkaError("cannot send: the producer is closed", code="CLIENT_CLOSED")
+
+    def _check_partition(self, info: TopicInfo, partition: int) -> TopicInfo:
+        if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+            raise E.UnknownTopicOrPartitionError(f"partition must be a non-negative integer, got {partition!r}")
+        if partition not in info.partitions:
+            self._metadata.refresh([info.name])  # partitions may just have been added
+            info = self._metadata.require_topic(info.name)
+            if partition not in info.partitions:
+                raise E.UnknownTopicOrPartitionError(
+                    f"topic {info.name!r} has no partition {partition} (it has {len(info.partitions)})")
+        return info
+
+    def _append_limit(self, info: TopicInfo) -> int:
+        """Largest Arrow ``nbytes`` one partition append may carry."""
+        limit = DEFAULT_MAX_MESSAGE_BYTES
+        raw = info.config.get("max.message.bytes")
+        if raw is not None:
+            try:
+                limit = int(raw)
+            except ValueError:
+                pass
+        if self._max_request_size:
+            limit = min(limit, self._max_request_size)
+        overhead = len(info.stored_schema.serialize()) + 1024
+        return max(int(limit * (1 - _IPC_SLACK)) - overhead, 1024)
+
+    def _sticky_partition(self, info: TopicInfo, cap: int) -> int:
+        """Keep filling one partition's batch; move to the next partition (with
+        a leader, round-robin) once that batch is full or sent. Lock held."""
+        current = self._sticky.get(info.name)
+        if current and current[0] in info.partitions and (current[1] is None or self._acc.is_open(current[1], cap)):
+            return current[0]
+        ids = sorted(info.partitions)
+        live = [p for p in ids if info.partitions[p].leader >= 0] or ids
+        p = live[next(self._round_robin) % len(live)]
+        if current and len(live) > 1 and p == current[0]:
+            p = live[next(self._round_robin) % len(live)]
+        self._sticky[info.name] = (p, None)
+        return p
+
+    def _wait_for_room(self, nbytes: int, deadline: float, handle: SendHandle) -> None:
+        """Block (lock held, released while waiting) until ``nbytes`` fit in buffer_memory."""
+        while self._acc.buffer_used and self._acc.buffer_used + nbytes > self._buffer_memory:
+            self._check_open()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                err = E.KafkaTimeoutError(
+                    f"no room in buffer_memory ({self._buffer_memory} bytes) within max_block_ms")
+                action = handle.failed(err)
+                if action:
+                    action()
+                raise err
+            self._cv.wait(remaining)
+
+    # ------------------------------------------------------------ sender thread
+    def _run(self) -> None:
+        while True:
+            actions: list[Action] = []
+            with self._cv:
+                now = time.monotonic()
+                actions += self._handle_responses(now)
+                actions += self._acc.expire(now)
+                if self._abort is not None:
+                    actions += self._acc.abort_all(self._abort)
+                    done = True
+                else:
+                    done = self._closing and not self._acc.incomplete and not self._responses
+                need_pid = not done and self._idempotent and self._acc.needs_producer_id and self._acc.has_queued()
+                plan: dict[str, list[ProducerBatch]] = {}
+                wake = now + 1.0
+                if not done and not need_pid:
+                    actions += self._fail_vanished()
+                    plan, wake, leaderless = self._acc.drain(
+                        now, flushing=bool(self._flushing or self._closing),
+                        leader_of=self._leader_target, cap_of=self._cap_of)
+                    self._refresh_wanted |= leaderless
+                refresh = False
+                if self._refresh_wanted and not done:
+                    due = self._metadata.last_refresh + self._backoff_s
+                    if now >= due:
+                        refresh, self._refresh_wanted = True, False
+                    else:
+                        wake = min(wake, due)
+                if actions:
+                    self._cv.notify_all()  # memory freed, batches done
+                elif not (plan or refresh or need_pid or done):
+                    self._cv.wait(max(wake - now, 0.0005))
+            for action in actions:
+                action()
+            if done:
+                return
+            if refresh:
+                self._refresh_metadata()
+            if need_pid:
+                self._init_producer_id()
+            for target, batches in plan.items():
+                self._send_request(target, batches)
+
+    def _leader_target(self, tp: TopicPartition) -> str | None:
+        leader = self._metadata.leader_for(*tp)
+        return leader.target if leader else None
+
+    def _cap_of(self, tp: TopicPartition) -> int:
+        info = self._metadata.topic(tp[0])
+        limit = self._append_limit(info) if info else DEFAULT_MAX_MESSAGE_BYTES
+        return min(self._batch_size, limit)
+
+    def _fail_vanished(self) -> list[Action]:
+        """Fail the queued batches of partitions the metadata says no longer
+        exist (the topic was deleted). Lock held."""
+        actions: list[Action] = []
+        for tp, st in self._acc.parts.items():
+            if st.queue and self._metadata.partition(*tp) is None:
+                actions += self._acc.fail_partition(tp, E.UnknownTopicOrPartitionError(
+                    f"topic {tp[0]!r} partition {tp[1]} no longer exists"))
+        return actions
+
+    def _refresh_metadata(self) -> None:
+        with self._cv:
+            topics = {tp[0] for tp, st in self._acc.parts.items() if st.queue or st.inflight}
+        try:
+            self._metadata.refresh(topics)
+        except E.ReplikafkaError:
+            with self._cv:
+                self._refresh_wanted = True  # try again after the backoff
+
+    def _init_producer_id(self) -> None:
+        """Get a producer id from any broker; a non-retriable refusal fails the
+        queued batches (the next send tries again)."""
+        request = pb.InitProducerIdRequest(timeout_ms=self._request_timeout_ms)
+        err: E.ReplikafkaError | None = None
+        for target in self._metadata.candidates():
+            try:
+                response = self._pool.call(target, "InitProducerId", request, self._request_timeout_ms / 1000)
+            except E.ReplikafkaError as exc:
+                err = exc
+            else:
+                err = from_pb(response.error)
+                if err is None:
+                    with self._cv:
+                        self._acc.set_producer_id(response.producer_id, response.producer_epoch)
+                    return
+            if not err.retriable:
+                break
+        if err is not None and not err.retriable:
+            with self._cv:
+                actions = self._acc.fail_queued(E.error_for_code(
+                    err.code, f"could not get a producer id for idempotence: {err.message}"))
+            for action in actions:
+                action()
+        else:
+            time.sleep(self._backoff_s)  # the queued batches expire by their delivery deadline
+
+    def _send_request(self, target: str, batches: list[ProducerBatch]) -> None:
+        """Encode (outside the lock) and start one Produce RPC; the answer is
+        queued for the sender by a gRPC callback."""
+        try:
+            parts = []
+            for b in batches:
+                if b.payload is None:
+                    rb = b.record_batch()
+                    b.payload = encode_stream(rb.schema, [rb]).to_pybytes()
+                parts.append(pb.PartitionProduceData(
+                    topic=b.tp[0], partition=b.tp[1], records=b.payload,
+                    producer_id=b.producer_id if self._idempotent else -1,
+                    producer_epoch=b.producer_epoch if self._idempotent else -1,
+                    base_sequence=b.sequence if self._idempotent else -1))
+            request = pb.ProduceRequest(acks=self._acks, timeout_ms=self._request_timeout_ms, partitions=parts)
+            call = self._pool.call_async(target, "Produce", request, self._request_timeout_ms / 1000 + 2.0)
+        except Exception as exc:  # the batches must not stay in flight forever
+            call = Future()
+            call.set_exception(exc if isinstance(exc, E.ReplikafkaError)
+                               else E.ReplikafkaError(f"could not send to {target}: {type(exc).__name__}: {exc}"))
+        call.add_done_callback(lambda f: self._on_response(target, batches, f))
+
+    def _on_response(self, target: str, batches: list[ProducerBatch], call) -> None:
+        """gRPC callback thread: hand the finished call to the sender."""
+        with self._cv:
+            self._responses.append((target, batches, call))
+            self._cv.notify_all()
+
+    def _handle_responses(self, now: float) -> list[Action]:
+        """Apply finished Produce calls to the accumulator. Lock held."""
+        actions: list[Action] = []
+        responses, self._responses = self._responses, []
+        for target, batches, call in responses:
+            self._acc.request_done(target)
+            err = error_of(call, target)
+            by_tp = {}
+            if err is None:
+                by_tp = {(r.topic, r.partition): r for r in call.result().partitions}
+            for b in batches:
+                if b.done:
+                    continue
+                r = by_tp.get(b.tp)
+                perr = err
+                if perr is None:
+                    perr = from_pb(r.error) if r is not None else E.ReplikafkaError(
+                        f"the broker's Produce answer has no entry for {b.tp[0]}-{b.tp[1]} ({target})")
+                if perr is None or perr.code == _DUPLICATE_SEQUENCE:
+                    base = r.base_offset if self._acks != 0 else -1
+                    actions += self._acc.completed(b, base, r.log_append_time_ms)
+                    continue
+                retrying, acts = self._acc.failed(b, perr, now)
+                actions += acts
+                if retrying and isinstance(perr, _REFRESH_ON):
+                    self._refresh_wanted = True
+        return actions
