@@ -197,14 +197,26 @@ def four_letter_word(host: str, port: int, word: str, timeout: float = 2.0) -> s
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+def _load_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die when the parent dies
-    except Exception:
-        pass
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved here, in the parent: the child must not import or allocate between fork and exec.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _set_pdeathsig() -> None:
+    """``preexec_fn``: have the kernel SIGKILL this child when its parent dies (Linux)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 def _tail(path: str, lines: int = 8) -> str:
@@ -351,7 +363,7 @@ class ZooKeeperServer:
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT,
             cwd=self.data_dir, start_new_session=True,
-            preexec_fn=_set_pdeathsig if self.die_with_parent and sys.platform.startswith("linux") else None,
+            preexec_fn=_set_pdeathsig if self.die_with_parent and _PRCTL is not None else None,
         )
         try:
             self._wait_serving(timeout_s, log_size)
