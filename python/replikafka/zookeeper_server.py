@@ -416,6 +416,9 @@ class ZooKeeperServer:
         props.update(self.properties)
         props["dataDir"] = self.data_dir
         props["clientPort"] = str(self.port)
+        allowed = [w.strip() for w in props["4lw.commands.whitelist"].split(",") if w.strip()]
+        if "*" not in allowed:  # start() needs ruok and conf to see the server is up
+            props["4lw.commands.whitelist"] = ",".join(allowed + [w for w in ("ruok", "conf") if w not in allowed])
         text = "# written by replikafka.zookeeper_server; rewritten at every start\n"
         text += "".join(f"{k}={_escape_prop(v)}\n" for k, v in props.items())
         with open(self.config_file, "w", encoding="utf-8") as f:
