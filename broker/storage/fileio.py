@@ -1,0 +1,78 @@
+"""Durable file helpers shared by the storage classes.
+
+No format of its own. `atomic_write_bytes` is the one way any checkpoint or
+rewritten file reaches disk: write `<path>.tmp`, flush, fsync, rename over
+`<path>`, fsync the directory. A crash leaves either the old or the new file
+under `<path>`, never a torn one; a leftover `.tmp` is ignored by readers and
+removed on the next load.
+
+Thread-safety: the functions hold no state; two writers of the same path must
+be serialised by their caller (they share the tmp name).
+"""
+from __future__ import annotations
+
+import os
+
+TMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that creates, renames and unlinks in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_path(path: str) -> bool:
+    """fsync a file by path (a fresh descriptor, so no race with a writer closing its
+    own). False if the file no longer exists."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def write_all(fd: int, data) -> None:
+    """os.write until every byte of `data` is written (regular files may write short)."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def atomic_write_bytes(path: str, data, *, sync_dir: bool = True) -> None:
+    """Replace `path` with `data` atomically and durably (tmp, fsync, rename, fsync dir).
+
+    `sync_dir=False` leaves the directory fsync to the caller (who batches it).
+    """
+    tmp = path + TMP_SUFFIX
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    if sync_dir:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

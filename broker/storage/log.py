@@ -1,0 +1,779 @@
+"""One partition's log: a directory `[topic]-[partition]/` of segments.
+
+On disk, per partition directory::
+
+    <20-digit base offset>.arrows      Arrow IPC stream segments (see `segment`)
+    <20-digit base offset>.index       sparse offset index  (see `offset_index`)
+    <20-digit base offset>.timeindex   time index           (see `time_index`)
+    leader-epoch-checkpoint            epoch history        (see `leader_epoch_cache`)
+
+Offsets are dense: the record at row r of the stored batch with base offset b
+has offset b + r. Segment i+1's base offset is segment i's end offset. The
+last segment is the active one (appends go there); the others are sealed.
+
+Thread-safety: thread-safe. One lock serialises every mutation (append,
+roll, truncation, retention, close). Readers take no lock: they read one
+immutable `_View` (segment tuple, log start, log end) published after each
+mutation and read zero-copy from the segments' mappings; data files never
+shrink in place, so a reader racing a truncation sees old or new bytes, and a
+reader whose view was made stale by a truncation retries on the new view.
+fsync runs outside the mutation lock (serialised by a flush lock).
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replikafka.errors import (CorruptRecordError, InvalidConfigError, InvalidOffsetError,
+                               InvalidRequestError, InvalidSchemaError, OffsetOutOfRangeError,
+                               RecordTooLargeError, StorageError)
+
+from . import batch_format as bf
+from .clock import SYSTEM_CLOCK
+from .fileio import TMP_SUFFIX, fsync_dir
+from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
+from .log_config import LogConfig
+from .segment import DATA_SUFFIX, LogSegment
+
+log = logging.getLogger(__name__)
+
+_SEGMENT_FILE = re.compile(r"^(\d{20})(\.arrows|\.index|\.timeindex)$")
+_INT32_MAX = 2**31 - 1
+TIMESTAMP_COLUMN = "timestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    first_offset: int
+    last_offset: int           # first_offset - 1 when nothing was appended
+    record_count: int
+    max_timestamp_ms: int
+    size_bytes: int            # stored bytes written
+
+
+@dataclass(frozen=True, slots=True)
+class LogReadResult:
+    batches: list              # list[pa.RecordBatch], zero-copy, first row at first_offset
+    first_offset: int
+    record_count: int
+    size_bytes: int            # stored size of the batches the slices come from
+
+
+@dataclass(frozen=True, slots=True)
+class RawReadResult:
+    data: bytes                # IPC stream: schema message + whole stored batch messages; b"" if none
+    first_offset: int          # base offset of the first batch (may be below the requested offset)
+    record_count: int
+    last_epoch: int            # leader epoch of the last batch, -1 if none
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What a reader needs, published atomically after every mutation."""
+
+    segments: tuple[LogSegment, ...]
+    bases: tuple[int, ...]
+    log_start: int
+    log_end: int
+
+
+def validate_schema(schema: pa.Schema) -> None:
+    """A log schema needs a `timestamp` column of timestamp[ms] and no dictionary
+    types (a dictionary batch would break one-message-per-batch framing)."""
+    idx = schema.get_field_index(TIMESTAMP_COLUMN)
+    if idx < 0:
+        raise InvalidSchemaError(f"the log schema needs a '{TIMESTAMP_COLUMN}' column: {schema}")
+    ts_type = schema.field(idx).type
+    if not pa.types.is_timestamp(ts_type) or ts_type.unit != "ms":
+        raise InvalidSchemaError(f"'{TIMESTAMP_COLUMN}' must be timestamp[ms], not {ts_type}")
+
+    def has_dictionary(t: pa.DataType) -> bool:
+        return pa.types.is_dictionary(t) or any(has_dictionary(t.field(i).type)
+                                                for i in range(t.num_fields))
+    for field in schema:
+        if has_dictionary(field.type):
+            raise InvalidSchemaError(f"column {field.name!r} uses a dictionary type ({field.type}), "
+                                     f"which the log does not store")
+
+
+def _validate_config(config: LogConfig) -> None:
+    if not 0 < config.segment_bytes <= _INT32_MAX:
+        raise InvalidConfigError(f"segment_bytes must be in [1, {_INT32_MAX}], got {config.segment_bytes}")
+    if config.segment_ms <= 0:
+        raise InvalidConfigError(f"segment_ms must be positive, got {config.segment_ms}")
+    if config.index_interval_bytes < 0:
+        raise InvalidConfigError(f"index_interval_bytes must be >= 0, got {config.index_interval_bytes}")
+    if config.max_message_bytes <= 0:
+        raise InvalidConfigError(f"max_message_bytes must be positive, got {config.max_message_bytes}")
+    if config.flush_interval_messages <= 0 or config.flush_interval_ms < 0:
+        raise InvalidConfigError("flush_interval_messages must be positive and flush_interval_ms >= 0")
+    if config.message_timestamp_type not in ("CreateTime", "LogAppendTime"):
+        raise InvalidConfigError(f"message_timestamp_type must be CreateTime or LogAppendTime, "
+                                 f"got {config.message_timestamp_type!r}")
+
+
+def _next_sequence(sequence: int, increment: int) -> int:
+    """Producer sequences wrap to 0 after int32 max, as in Kafka."""
+    return (sequence + increment) % (_INT32_MAX + 1)
+
+
+class Log:
+    """One partition's log. Create with `Log.open`."""
+
+    def __init__(self, directory: str, config: LogConfig, schema: pa.Schema, clock):
+        self._dir = directory
+        self._config = config
+        self._schema = schema
+        self._schema_msg = bf.schema_message(schema)
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
+        self._encoder = bf.BatchEncoder(schema)
+        self._ts_index = schema.get_field_index(TIMESTAMP_COLUMN)
+        self._epoch_cache = LeaderEpochFileCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT))
+        self._segments: list[LogSegment] = []
+        self._log_start = 0
+        self._leo = 0
+        self._recovery_point = 0
+        self._generation = 0            # bumped when offsets below the LEO are rewritten
+        self._dir_dirty = False         # files created or renamed since the last directory fsync
+        self._last_flush_ms = clock.time_ms()
+        self._closed = False
+        self._view = _View((), (), 0, 0)
+        self.load_stats: dict[str, int] = {}
+
+    # ---- opening -----------------------------------------------------------------
+    @classmethod
+    def open(cls, dir: str, config: LogConfig, schema: pa.Schema | None, recovery_point: int = 0,
+             log_start_offset: int = 0, clock=None, clean: bool = False) -> "Log":
+        """Open (or create) the log in `dir`.
+
+        `schema` includes the `timestamp` column; None means "the schema stored in
+        the existing segments" (for loading logs whose topic schema is not at hand).
+        Unless `clean` (the log dir had a clean-shutdown marker), every segment
+        from the one holding `recovery_point` onwards is scanned and validated;
+        the log is cut at the first invalid batch (see `LogSegment.recover`).
+        """
+        _validate_config(config)
+        os.makedirs(dir, exist_ok=True)
+        bases = cls._list_segments(dir)
+        if schema is None:
+            if not bases:
+                raise InvalidSchemaError(f"{dir}: no schema given and no segment to read one from")
+            schema = LogSegment.open_existing(dir, bases[0], pa.schema([]), 0, 0).read_file_schema()
+        validate_schema(schema)
+        self = cls(dir, config, schema, clock or SYSTEM_CLOCK)
+        self._load(bases, recovery_point, log_start_offset, clean)
+        return self
+
+    @staticmethod
+    def _list_segments(dir: str) -> list[int]:
+        """Base offsets of the data files; removes leftover tmp files and orphan indexes."""
+        names = os.listdir(dir)
+        data = {int(m.group(1)) for n in names if (m := _SEGMENT_FILE.match(n)) and m.group(2) == DATA_SUFFIX}
+        for name in names:
+            m = _SEGMENT_FILE.match(name)
+            orphan = m is not None and m.group(2) != DATA_SUFFIX and int(m.group(1)) not in data
+            if name.endswith(TMP_SUFFIX) or orphan:
+                os.unlink(os.path.join(dir, name))
+        return sorted(data)
+
+    def _load(self, bases: list[int], recovery_point: int, log_start_offset: int, clean: bool) -> None:
+        stats = dict(trusted_segments=0, recovered_segments=0, recovered_batches=0,
+                     truncated_bytes=0, deleted_segments=0)
+        now = self._clock.time_ms()
+        segs = [LogSegment.open_existing(self._dir, b, self._schema, self._config.index_interval_bytes, now)
+                for b in bases]
+        kept: list[LogSegment] = []
+        recovered: list[LogSegment] = []
+        i = 0
+        # Segments wholly below the recovery point (all of them after a clean
+        # shutdown) are trusted: indexes loaded and sanity-checked, no scan.
+        while i < len(segs):
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            if not (clean or (next_base is not None and next_base <= recovery_point)):
+                break
+            problem = segs[i].load_trusted(next_base)
+            if problem is not None:
+                log.warning("%s: cannot trust segment %d, recovering from it: %s",
+                            self._dir, bases[i], problem)
+                break
+            kept.append(segs[i])
+            stats["trusted_segments"] += 1
+            i += 1
+        # The rest is scanned; the first segment that ends early ends the log.
+        while i < len(segs):
+            seg = segs[i]
+            if kept and seg.base_offset != kept[-1].next_offset:
+                break      # a gap: this and every later segment is unreachable
+            result = seg.recover(self._on_recovered_batch)
+            stats["recovered_segments"] += 1
+            stats["recovered_batches"] += result.valid_batches
+            stats["truncated_bytes"] += result.truncated_bytes
+            if kept and not kept[-1].sealed:
+                kept[-1].seal()    # its end-of-stream marker was torn; the log continues
+            kept.append(seg)
+            recovered.append(seg)
+            i += 1
+        for seg in segs[i:]:
+            log.warning("%s: deleting segment %d, past the end of the valid log", self._dir, seg.base_offset)
+            seg.delete()
+            stats["deleted_segments"] += 1
+        self._segments = kept
+        if not kept:
+            self._segments = [self._new_segment(log_start_offset)]
+        elif kept[-1].sealed:
+            self._segments.append(self._new_segment(kept[-1].next_offset))
+        self._leo = self._segments[-1].next_offset
+        self._log_start = max(log_start_offset, self._segments[0].base_offset)
+        # What the scan validated becomes durable, so the recovery point can move to the end.
+        for seg in recovered:
+            seg.flush()
+        fsync_dir(self._dir)
+        self._dir_dirty = False
+        self._recovery_point = self._leo
+        self._epoch_cache.truncate_from_end(self._leo)
+        if self._log_start > self._leo:
+            # Unflushed data below the checkpointed log start was lost: start afresh there.
+            self._truncate_fully_locked(self._log_start)
+        self._epoch_cache.truncate_from_start(self._log_start)
+        self.load_stats = stats
+        self._publish()
+
+    def _on_recovered_batch(self, header: bf.BatchHeader) -> None:
+        self._epoch_cache.assign(header.leader_epoch, header.base_offset)
+
+    # ---- properties ----------------------------------------------------------
+    @property
+    def dir(self) -> str:
+        return self._dir
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @property
+    def leader_epoch_cache(self) -> LeaderEpochFileCache:
+        return self._epoch_cache
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._view.log_start
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._view.log_end
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._view.segments)
+
+    def segments(self) -> tuple[LogSegment, ...]:
+        """The current segments, oldest first (a snapshot)."""
+        return self._view.segments
+
+    def update_config(self, config: LogConfig) -> None:
+        """Apply changed topic settings (retention, roll, flush) from now on."""
+        _validate_config(config)
+        with self._lock:
+            self._config = config
+
+    # ---- appending -----------------------------------------------------------
+    def append(self, batches: Sequence[pa.RecordBatch], leader_epoch: int, producer_id: int = -1,
+               producer_epoch: int = -1, base_sequence: int = -1) -> AppendInfo:
+        """Leader append: assign offsets from the log end, stamp `leader_epoch`.
+
+        Each non-empty input batch becomes one stored batch. All batches are
+        encoded and size-checked before any byte is written, so a
+        RecordTooLargeError appends nothing.
+        """
+        batches = self._prepare(batches)
+        with self._lock:
+            self._check_open()
+            first = offset = self._leo
+            sequence = base_sequence
+            items = []
+            for batch in batches:
+                items.append((batch, bf.BatchHeader(offset, batch.num_rows, leader_epoch,
+                                                    bf.max_timestamp_ms(batch), producer_id,
+                                                    producer_epoch, sequence)))
+                offset += batch.num_rows
+                if sequence >= 0:
+                    sequence = _next_sequence(sequence, batch.num_rows)
+            messages = self._encoder.encode(items)
+            for m in messages:
+                if m.data.size > self._config.max_message_bytes:
+                    raise RecordTooLargeError(
+                        f"a batch of {m.header.record_count} records is {m.data.size} bytes, over "
+                        f"max.message.bytes {self._config.max_message_bytes}")
+            # As in Kafka, the epoch is recorded before the data it starts.
+            self._epoch_cache.assign(leader_epoch, first)
+            size = self._write_messages([(m.header, m.data) for m in messages])
+            info = AppendInfo(first, self._leo - 1, self._leo - first,
+                              max(m.header.max_timestamp_ms for m in messages), size)
+        self._maybe_flush_by_messages()
+        return info
+
+    def _prepare(self, batches: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
+        out = []
+        for batch in batches:
+            if not batch.schema.equals(self._schema, check_metadata=False):
+                raise InvalidSchemaError(f"batch schema {batch.schema} does not match the log's "
+                                         f"schema {self._schema}")
+            if batch.num_rows:
+                out.append(batch)
+        if not out:
+            raise InvalidRequestError("an append needs at least one record")
+        if self._config.message_timestamp_type == "LogAppendTime":
+            now = pa.scalar(self._clock.time_ms(), pa.int64())
+            ts_type = self._schema.field(self._ts_index).type
+            field = self._schema.field(self._ts_index)
+            out = [b.set_column(self._ts_index, field, pa.repeat(now, b.num_rows).view(ts_type))
+                   for b in out]
+        return out
+
+    def append_raw(self, data: bytes | pa.Buffer) -> AppendInfo:
+        """Follower append of an IPC stream produced by `read_raw` on the leader.
+
+        Every batch is validated (framing, CRC, Arrow, contiguous offsets) before
+        anything is written; the first must start at this log's end offset. The
+        messages are appended verbatim and the epoch cache follows their epochs.
+        """
+        buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+        decoded = self._validate_raw(buf)
+        with self._lock:
+            self._check_open()
+            if not decoded:
+                return AppendInfo(self._leo, self._leo - 1, 0, -1, 0)
+            first = decoded[0][0].base_offset
+            if first != self._leo:
+                raise InvalidOffsetError(f"append_raw data starts at offset {first} but the log "
+                                         f"ends at {self._leo}")
+            for header, _ in decoded:
+                self._epoch_cache.assign(header.leader_epoch, header.base_offset)
+            size = self._write_messages(decoded)
+            info = AppendInfo(first, self._leo - 1, self._leo - first,
+                              max(h.max_timestamp_ms for h, _ in decoded), size)
+        self._maybe_flush_by_messages()
+        return info
+
+    def _validate_raw(self, buf: pa.Buffer) -> list[tuple[bf.BatchHeader, pa.Buffer]]:
+        limit = buf.size
+        if limit == 0:
+            return []
+        schema, pos = bf.read_schema_message(buf, limit, "append_raw data")
+        if not schema.equals(self._schema, check_metadata=False):
+            raise InvalidSchemaError(f"append_raw data has schema {schema}, the log has {self._schema}")
+        out = []
+        expected = None
+        while pos < limit:
+            decoded = bf.decode_batch(buf, pos, limit, self._schema, f"append_raw data position {pos}",
+                                      expected)
+            if decoded is None:
+                if pos + len(bf.END_OF_STREAM) != limit:
+                    raise CorruptRecordError(f"append_raw data: bytes after the end-of-stream marker at {pos}")
+                break
+            out.append((decoded.header, buf.slice(pos, decoded.size)))
+            expected = decoded.header.next_offset
+            pos += decoded.size
+        return out
+
+    def _write_messages(self, messages: Sequence[tuple[bf.BatchHeader, object]]) -> int:
+        """Append encoded messages to the active segment, rolling as needed. Caller
+        holds the lock. Publishes the new log end even if a later write fails."""
+        now = self._clock.time_ms()
+        written = 0
+        try:
+            for header, data in messages:
+                seg = self._segments[-1]
+                if (not seg.can_hold(len(data), header.last_offset, self._config.segment_bytes)
+                        or self._roll_due(seg, now)):
+                    seg = self._roll_locked(now)
+                seg.append(data, header)
+                self._leo = header.next_offset
+                written += len(data)
+        finally:
+            self._publish()
+        return written
+
+    def _maybe_flush_by_messages(self) -> None:
+        if self._leo - self._recovery_point >= self._config.flush_interval_messages:
+            self.flush()
+
+    # ---- rolling -------------------------------------------------------------
+    def _roll_due(self, seg: LogSegment, now_ms: int) -> bool:
+        return not seg.is_empty and now_ms - seg.created_ms >= self._config.segment_ms
+
+    def roll(self) -> LogSegment:
+        """Seal the active segment and start a new one at the log end (no-op when
+        the active segment is empty). Returns the active segment."""
+        with self._lock:
+            self._check_open()
+            seg = self._roll_locked(self._clock.time_ms())
+            self._publish()
+            return seg
+
+    def roll_if_due(self, now_ms: int | None = None) -> bool:
+        """Roll if the active segment is older than segment_ms (and not empty)."""
+        now = self._clock.time_ms() if now_ms is None else now_ms
+        with self._lock:
+            if self._closed or not self._roll_due(self._segments[-1], now):
+                return False
+            self._roll_locked(now)
+            self._publish()
+            return True
+
+    def _roll_locked(self, now_ms: int) -> LogSegment:
+        active = self._segments[-1]
+        if active.is_empty:
+            return active
+        active.seal()
+        seg = self._new_segment(self._leo, now_ms)
+        self._segments = self._segments + [seg]
+        return seg
+
+    def _new_segment(self, base_offset: int, now_ms: int | None = None) -> LogSegment:
+        seg = LogSegment.create(self._dir, base_offset, self._schema, self._schema_msg,
+                                self._config.index_interval_bytes,
+                                self._clock.time_ms() if now_ms is None else now_ms)
+        self._dir_dirty = True
+        return seg
+
+    # ---- reading -------------------------------------------------------------
+    def read(self, start_offset: int, max_bytes: int, max_offset_exclusive: int | None = None,
+             columns: list[str] | None = None) -> LogReadResult:
+        """Records from `start_offset` (exactly: the first stored batch is sliced)
+        up to `max_offset_exclusive` (default: the log end), zero-copy.
+
+        Stops before a stored batch that would take the total past `max_bytes`,
+        but always returns at least one (part of a) batch. `columns` projects;
+        `timestamp` is kept only if listed. start == max offset gives an empty
+        result; start below the log start or above the log end raises
+        OffsetOutOfRangeError.
+        """
+        projection = self._projection(columns)
+        for _ in range(3):
+            view = self._view
+            try:
+                return self._read_view(view, start_offset, max_bytes, max_offset_exclusive, projection)
+            except (OSError, CorruptRecordError):
+                if self._view is view:
+                    raise
+                # A truncation or deletion replaced files under this view: retry on the new one.
+        view = self._view
+        return self._read_view(view, start_offset, max_bytes, max_offset_exclusive, projection)
+
+    def _read_view(self, view: _View, start: int, max_bytes: int, max_offset: int | None,
+                   projection: list[str] | None) -> LogReadResult:
+        self._check_range(start, view)
+        end = view.log_end if max_offset is None else min(max_offset, view.log_end)
+        batches: list[pa.RecordBatch] = []
+        size = 0
+        offset = start
+        for seg in self._segments_from(view, start):
+            if offset >= end:
+                break
+            for ref in seg.batches_from(offset, end):
+                if batches and size + ref.size > max_bytes:
+                    return LogReadResult(batches, start, offset - start, size)
+                batch = seg.record_batch(ref)
+                lo = offset - ref.base_offset
+                hi = min(end - ref.base_offset, ref.record_count)
+                if lo or hi < ref.record_count:
+                    batch = batch.slice(lo, hi - lo)
+                if projection is not None:
+                    batch = batch.select(projection)
+                batches.append(batch)
+                size += ref.size
+                offset = ref.base_offset + hi
+        return LogReadResult(batches, start, offset - start, size)
+
+    def read_raw(self, start_offset: int, max_bytes: int) -> RawReadResult:
+        """Whole stored batch messages from the one containing `start_offset`, as an
+        IPC stream (schema message first) for replica fetch; at least one batch.
+        At the log end: data b"" and record_count 0."""
+        for _ in range(3):
+            view = self._view
+            try:
+                return self._read_raw_view(view, start_offset, max_bytes)
+            except (OSError, CorruptRecordError):
+                if self._view is view:
+                    raise
+        return self._read_raw_view(self._view, start_offset, max_bytes)
+
+    def _read_raw_view(self, view: _View, start: int, max_bytes: int) -> RawReadResult:
+        self._check_range(start, view)
+        parts: list = [self._schema_msg]
+        size = count = 0
+        first = start
+        last = None
+        for seg in self._segments_from(view, start):
+            for ref in seg.batches_from(start, view.log_end):
+                if last is not None and size + ref.size > max_bytes:
+                    return self._raw_result(parts, first, count, last)
+                if last is None:
+                    first = ref.base_offset
+                parts.append(seg.message(ref))
+                size += ref.size
+                count += ref.record_count
+                last = (seg, ref)
+        return self._raw_result(parts, first, count, last)
+
+    @staticmethod
+    def _raw_result(parts: list, first: int, count: int, last) -> RawReadResult:
+        if last is None:
+            return RawReadResult(b"", first, 0, -1)
+        seg, ref = last
+        return RawReadResult(b"".join(parts), first, count, seg.read_header(ref).leader_epoch)
+
+    def _segments_from(self, view: _View, offset: int) -> Sequence[LogSegment]:
+        i = max(0, bisect.bisect_right(view.bases, offset) - 1)
+        return view.segments[i:]
+
+    def _check_range(self, offset: int, view: _View) -> None:
+        if offset < view.log_start or offset > view.log_end:
+            raise OffsetOutOfRangeError(f"offset {offset} is outside the log's range "
+                                        f"[{view.log_start}, {view.log_end}] of {self._dir}")
+
+    def _projection(self, columns: list[str] | None) -> list[str] | None:
+        if columns is None:
+            return None
+        unknown = [c for c in columns if self._schema.get_field_index(c) < 0]
+        if unknown:
+            raise InvalidRequestError(f"unknown column(s) {unknown}; the log has {self._schema.names}")
+        return list(columns)
+
+    def batch_headers(self, from_offset: int = 0) -> Iterator[bf.BatchHeader]:
+        """Headers of the stored batches holding offsets >= `from_offset`, oldest first
+        (for rebuilding producer state)."""
+        view = self._view
+        start = max(from_offset, view.log_start)
+        for seg in self._segments_from(view, start):
+            for ref in seg.batches_from(start, view.log_end):
+                yield seg.read_header(ref)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the earliest record with timestamp >= `timestamp_ms`,
+        at or after the log start; None if there is none."""
+        view = self._view
+        for seg in view.segments:
+            if seg.max_timestamp_ms < timestamp_ms or seg.next_offset <= view.log_start:
+                continue
+            entry = seg.time_index.lookup(timestamp_ms)
+            scan_from = max(view.log_start, entry[1] if entry else seg.base_offset)
+            for ref in seg.batches_from(scan_from, view.log_end):
+                if seg.read_header(ref).max_timestamp_ms < timestamp_ms:
+                    continue
+                lo = max(scan_from - ref.base_offset, 0)
+                ts = seg.record_batch(ref).column(self._ts_index).slice(lo).view(pa.int64())
+                i = pc.index(pc.greater_equal(ts, timestamp_ms), True).as_py()
+                if i >= 0:
+                    return ref.base_offset + lo + i, ts[i].as_py()
+        return None
+
+    # ---- truncation and deletion --------------------------------------------------
+    def truncate_to(self, offset: int) -> bool:
+        """Remove every record at or after `offset` (follower truncation). Returns
+        False if `offset` >= the log end (nothing to do)."""
+        if offset < 0:
+            raise InvalidOffsetError(f"cannot truncate {self._dir} to negative offset {offset}")
+        with self._lock:
+            self._check_open()
+            if offset >= self._leo:
+                return False
+            if offset <= self._segments[0].base_offset:
+                self._truncate_fully_locked(offset)
+                self._publish()
+                return True
+            kept = [s for s in self._segments if s.base_offset < offset]
+            for seg in self._segments[len(kept):]:
+                seg.delete()
+            last = kept[-1]
+            if last.next_offset > offset:
+                last.truncate_to(offset, self._encoder)
+            else:
+                kept.append(self._new_segment(offset))
+            self._segments = kept
+            self._leo = offset
+            self._log_start = min(self._log_start, offset)
+            self._recovery_point = min(self._recovery_point, offset)
+            self._generation += 1
+            self._epoch_cache.truncate_from_end(offset)
+            self._publish()
+            return True
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and restart the log, empty, at `offset`."""
+        if offset < 0:
+            raise InvalidOffsetError(f"cannot restart {self._dir} at negative offset {offset}")
+        with self._lock:
+            self._check_open()
+            self._truncate_fully_locked(offset)
+            self._publish()
+
+    def _truncate_fully_locked(self, offset: int) -> None:
+        for seg in self._segments:
+            seg.delete()
+        self._segments = [self._new_segment(offset)]
+        self._leo = self._log_start = self._recovery_point = offset
+        self._generation += 1
+        self._epoch_cache.clear()
+
+    def delete_records_before(self, offset: int) -> int:
+        """Advance the log start to `offset` (records below become unreadable) and
+        delete sealed segments wholly below it. Returns the log start offset."""
+        with self._lock:
+            self._check_open()
+            if offset > self._leo:
+                raise OffsetOutOfRangeError(f"cannot delete records before {offset}: beyond the "
+                                            f"log end offset {self._leo} of {self._dir}")
+            if offset > self._log_start:
+                self._log_start = offset
+                self._delete_front([s for s in self._segments[:-1] if s.next_offset <= offset])
+                self._epoch_cache.truncate_from_start(self._log_start)
+                self._publish()
+            return self._log_start
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete the oldest sealed segments that break retention.ms (their newest
+        record is older), retention.bytes (the log is larger) or lie wholly below
+        the log start. Never deletes the active segment. Returns how many."""
+        now = self._clock.time_ms() if now_ms is None else now_ms
+        with self._lock:
+            if self._closed:
+                return 0
+            sealed = self._segments[:-1]
+            doomed = 0
+            cfg = self._config
+            if cfg.retention_ms >= 0:
+                while doomed < len(sealed) and self._newest_ms(sealed[doomed]) < now - cfg.retention_ms:
+                    doomed += 1
+            if cfg.retention_bytes >= 0:
+                excess = sum(s.size for s in self._segments[doomed:]) - cfg.retention_bytes
+                while doomed < len(sealed) and excess - sealed[doomed].size >= 0:
+                    excess -= sealed[doomed].size
+                    doomed += 1
+            while doomed < len(sealed) and sealed[doomed].next_offset <= self._log_start:
+                doomed += 1
+            if not doomed:
+                return 0
+            self._delete_front(sealed[:doomed])
+            self._log_start = max(self._log_start, self._segments[0].base_offset)
+            self._epoch_cache.truncate_from_start(self._log_start)
+            self._publish()
+            return doomed
+
+    @staticmethod
+    def _newest_ms(seg: LogSegment) -> int:
+        """A segment's newest record timestamp; its file's mtime when no record has one."""
+        ts = seg.max_timestamp_ms
+        if ts >= 0:
+            return ts
+        try:
+            return int(os.path.getmtime(seg.path) * 1000)
+        except FileNotFoundError:
+            return -1
+
+    def _delete_front(self, doomed: list[LogSegment]) -> None:
+        if not doomed:
+            return
+        self._segments = self._segments[len(doomed):]
+        for seg in doomed:
+            seg.delete()
+        self._dir_dirty = True
+
+    # ---- durability and lifecycle ----------------------------------------------
+    def flush(self, up_to: int | None = None) -> None:
+        """fsync everything below `up_to` (default: the log end) and advance the
+        recovery point. The fsyncs run outside the mutation lock."""
+        with self._flush_lock:
+            with self._lock:
+                target = self._leo if up_to is None else min(up_to, self._leo)
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
+                if target <= self._recovery_point and not dir_dirty:
+                    return
+                segs = [s for s in self._segments
+                        if s.next_offset > self._recovery_point and s.base_offset < target]
+                generation = self._generation
+            for seg in segs:
+                seg.flush()
+            if dir_dirty:
+                fsync_dir(self._dir)
+            with self._lock:
+                # A truncation meanwhile may have rewritten offsets below target.
+                if self._generation == generation and target > self._recovery_point:
+                    self._recovery_point = target
+                self._last_flush_ms = self._clock.time_ms()
+
+    def flush_if_due(self, now_ms: int | None = None) -> bool:
+        """Flush when flush_interval_ms has passed with unflushed data, or when
+        rolled segments are still unflushed (Kafka flushes those after a roll)."""
+        now = self._clock.time_ms() if now_ms is None else now_ms
+        with self._lock:
+            if self._closed:
+                return False
+            unflushed = self._leo > self._recovery_point
+            rolled_unflushed = self._recovery_point < self._segments[-1].base_offset
+            timed = unflushed and now - self._last_flush_ms >= self._config.flush_interval_ms
+            if not (timed or rolled_unflushed):
+                return False
+            up_to = None if timed else self._segments[-1].base_offset
+        self.flush(up_to)
+        return True
+
+    def close(self) -> None:
+        """Flush and release file descriptors. The active segment stays unsealed
+        so appends continue after the next open."""
+        with self._lock:
+            if self._closed:
+                return
+            self.flush()
+            for seg in self._segments:
+                seg.close()
+            self._closed = True
+
+    def delete(self) -> None:
+        """Close and remove the whole partition directory. The directory is first
+        renamed to `<dir>.<id>-delete` so a crash mid-removal never leaves a
+        half-deleted log that would load again."""
+        with self._lock:
+            for seg in self._segments:
+                seg.close()
+            self._closed = True
+            parent = os.path.dirname(os.path.abspath(self._dir))
+            doomed = f"{self._dir}.{uuid.uuid4().hex}-delete"
+            os.replace(self._dir, doomed)
+            fsync_dir(parent)
+            shutil.rmtree(doomed, ignore_errors=True)
+            self._segments = []
+            self._view = _View((), (), self._log_start, self._leo)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"the log {self._dir} is closed")
+
+    def _publish(self) -> None:
+        segs = tuple(self._segments)
+        self._view = _View(segs, tuple(s.base_offset for s in segs), self._log_start, self._leo)
+
+    def __repr__(self) -> str:
+        v = self._view
+        return f"Log({self._dir}, offsets [{v.log_start}, {v.log_end}), {len(v.segments)} segments)"

@@ -1,0 +1,304 @@
+"""The broker's logs across its log dirs.
+
+On disk, per log dir::
+
+    [topic]-[partition]/                 one Log each (see `log`)
+    [topic]-[partition].<id>-delete/     a log being deleted (removed at load)
+    replication-offset-checkpoint        high watermarks (written for the replica manager)
+    recovery-point-offset-checkpoint     per partition: offsets below are fsynced
+    log-start-offset-checkpoint          per partition: the log start offset
+    .kafka_cleanshutdown                 present only between a clean close and the next load
+    .lock                                flock'd while a LogManager owns the dir
+
+At construction every partition dir is loaded; a dir without the clean
+marker is recovered from its checkpointed recovery points. The marker is
+deleted once loading is done and written again by `close()`.
+
+`do_work(now_ms)` is one pass of background maintenance (retention,
+time-based roll, time-based flush, checkpoints); `start_background` runs it
+on a stoppable daemon thread.
+
+Thread-safety: thread-safe. A lock guards the table of logs; each Log is
+itself thread-safe; do_work may run concurrently with get/create/delete.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import shutil
+import threading
+from typing import Callable
+
+import pyarrow as pa
+
+from replikafka.errors import InvalidTopicError, StorageError, UnknownTopicOrPartitionError
+
+from .checkpoints import (LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
+                          REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpointFile, TopicPartition)
+from .clock import SYSTEM_CLOCK
+from .fileio import atomic_write_bytes, fsync_dir
+from .log import Log
+from .log_config import LogConfig
+
+log = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+LOCK_FILE = ".lock"
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+def parse_partition_dir(name: str) -> TopicPartition | None:
+    m = _PARTITION_DIR.match(name)
+    if not m or name.endswith("-delete") or not _TOPIC_NAME.match(m.group(1)):
+        return None
+    return m.group(1), int(m.group(2))
+
+
+class _LogDir:
+    """One log dir: its path, lock and checkpoint files."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StorageError(f"log dir {self.path} is in use by another process") from None
+        self.high_watermarks = OffsetCheckpointFile(os.path.join(self.path, REPLICATION_OFFSET_CHECKPOINT))
+        self.recovery_points = OffsetCheckpointFile(os.path.join(self.path, RECOVERY_POINT_CHECKPOINT))
+        self.log_starts = OffsetCheckpointFile(os.path.join(self.path, LOG_START_OFFSET_CHECKPOINT))
+        self.clean_marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
+        self.last_written: dict[str, dict] = {}   # checkpoint name -> last content (skip rewrites)
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+class LogManager:
+    """Owns the log dirs and every partition Log in them. Thread-safe."""
+
+    def __init__(self, log_dirs: list[str], default_config: LogConfig = LogConfig(), *,
+                 topic_config: Callable[[str], LogConfig] | None = None,
+                 topic_schema: Callable[[str], pa.Schema | None] | None = None,
+                 clock=None):
+        """Lock and load every log dir.
+
+        `topic_config(topic)` gives a topic's LogConfig (default: `default_config`).
+        `topic_schema(topic)` gives its schema; None (or no callable) means the
+        schema stored in the log's own segments.
+        """
+        if not log_dirs:
+            raise StorageError("no log dirs configured")
+        self._default_config = default_config
+        self._topic_config = topic_config or (lambda topic: default_config)
+        self._topic_schema = topic_schema or (lambda topic: None)
+        self._clock = clock or SYSTEM_CLOCK
+        self._lock = threading.RLock()
+        self._logs: dict[TopicPartition, Log] = {}
+        self._log_dir_of: dict[TopicPartition, _LogDir] = {}
+        self._dirs: list[_LogDir] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        try:
+            for path in log_dirs:
+                self._dirs.append(_LogDir(path))
+            for d in self._dirs:
+                self._load_dir(d)
+        except BaseException:
+            for d in self._dirs:
+                d.release()
+            raise
+
+    # ---- loading -----------------------------------------------------------------
+    def _load_dir(self, d: _LogDir) -> None:
+        clean = os.path.exists(d.clean_marker)
+        recovery_points = d.recovery_points.read()
+        log_starts = d.log_starts.read()
+        for name in sorted(os.listdir(d.path)):
+            full = os.path.join(d.path, name)
+            if not os.path.isdir(full):
+                continue
+            if name.endswith("-delete"):
+                shutil.rmtree(full, ignore_errors=True)     # a deletion interrupted by a crash
+                continue
+            tp = parse_partition_dir(name)
+            if tp is None:
+                continue
+            if tp in self._logs:
+                raise StorageError(f"partition {tp} has a log in both {self._log_dir_of[tp].path} "
+                                   f"and {d.path}")
+            log_ = Log.open(full, self._topic_config(tp[0]), self._topic_schema(tp[0]),
+                            recovery_point=recovery_points.get(tp, 0),
+                            log_start_offset=log_starts.get(tp, 0), clock=self._clock, clean=clean)
+            self._logs[tp] = log_
+            self._log_dir_of[tp] = d
+        if clean:
+            os.unlink(d.clean_marker)
+            fsync_dir(d.path)
+        log.info("loaded %d logs from %s (%s)", sum(1 for v in self._log_dir_of.values() if v is d),
+                 d.path, "clean shutdown" if clean else "recovered")
+
+    # ---- logs ----------------------------------------------------------------------
+    @property
+    def log_dirs(self) -> list[str]:
+        return [d.path for d in self._dirs]
+
+    def get_log(self, topic: str, partition: int) -> Log | None:
+        with self._lock:
+            return self._logs.get((topic, partition))
+
+    def logs(self) -> dict[TopicPartition, Log]:
+        with self._lock:
+            return dict(self._logs)
+
+    def get_or_create_log(self, topic: str, partition: int, schema: pa.Schema,
+                          config: LogConfig | None = None) -> Log:
+        """The partition's log, created empty in the least-loaded log dir if absent."""
+        if not _TOPIC_NAME.match(topic) or partition < 0:
+            raise InvalidTopicError(f"illegal topic/partition {topic!r}/{partition}")
+        with self._lock:
+            self._check_open()
+            tp = (topic, partition)
+            existing = self._logs.get(tp)
+            if existing is not None:
+                return existing
+            d = min(self._dirs, key=lambda x: sum(1 for v in self._log_dir_of.values() if v is x))
+            path = os.path.join(d.path, partition_dir_name(topic, partition))
+            log_ = Log.open(path, config or self._topic_config(topic), schema, clock=self._clock)
+            fsync_dir(d.path)
+            self._logs[tp] = log_
+            self._log_dir_of[tp] = d
+            return log_
+
+    def delete_log(self, topic: str, partition: int) -> None:
+        with self._lock:
+            tp = (topic, partition)
+            log_ = self._logs.pop(tp, None)
+            if log_ is None:
+                raise UnknownTopicOrPartitionError(f"no log for {topic}-{partition}")
+            self._log_dir_of.pop(tp)
+        log_.delete()
+
+    # ---- checkpoints -------------------------------------------------------------
+    def checkpoint_recovery_points(self) -> None:
+        self._checkpoint(RECOVERY_POINT_CHECKPOINT, lambda d: d.recovery_points,
+                         lambda lg: lg.recovery_point)
+
+    def checkpoint_log_start_offsets(self) -> None:
+        self._checkpoint(LOG_START_OFFSET_CHECKPOINT, lambda d: d.log_starts,
+                         lambda lg: lg.log_start_offset)
+
+    def checkpoint_high_watermarks(self, high_watermarks: dict[TopicPartition, int]) -> None:
+        """Write the replica manager's high watermarks, each into its log's dir."""
+        with self._lock:
+            per_dir: dict[_LogDir, dict] = {d: {} for d in self._dirs}
+            for tp, hw in high_watermarks.items():
+                d = self._log_dir_of.get(tp)
+                if d is not None:
+                    per_dir[d][tp] = hw
+        for d, offsets in per_dir.items():
+            self._write_if_changed(d, REPLICATION_OFFSET_CHECKPOINT, d.high_watermarks, offsets)
+
+    def read_high_watermarks(self) -> dict[TopicPartition, int]:
+        out: dict[TopicPartition, int] = {}
+        for d in self._dirs:
+            out.update(d.high_watermarks.read())
+        return out
+
+    def _checkpoint(self, name: str, file_of, value_of) -> None:
+        with self._lock:
+            per_dir: dict[_LogDir, dict] = {d: {} for d in self._dirs}
+            for tp, log_ in self._logs.items():
+                per_dir[self._log_dir_of[tp]][tp] = value_of(log_)
+        for d, offsets in per_dir.items():
+            self._write_if_changed(d, name, file_of(d), offsets)
+
+    @staticmethod
+    def _write_if_changed(d: _LogDir, name: str, file: OffsetCheckpointFile, offsets: dict) -> None:
+        # Unchanged content is not rewritten: a checkpoint costs two fsyncs.
+        if d.last_written.get(name) == offsets and file.exists():
+            return
+        file.write(offsets)
+        d.last_written[name] = dict(offsets)
+
+    # ---- background work -------------------------------------------------------------
+    def do_work(self, now_ms: int | None = None) -> dict[str, int]:
+        """One maintenance pass over every log: retention, time-based roll,
+        time-based flush (and flush of rolled segments), then the recovery-point
+        and log-start checkpoints. Returns counts of what it did."""
+        now = self._clock.time_ms() if now_ms is None else now_ms
+        done = dict(deleted_segments=0, rolled=0, flushed=0)
+        for log_ in self.logs().values():
+            try:
+                done["deleted_segments"] += log_.enforce_retention(now)
+                done["rolled"] += log_.roll_if_due(now)
+                done["flushed"] += log_.flush_if_due(now)
+            except (OSError, StorageError):
+                log.exception("maintenance of %s failed", log_.dir)
+        self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
+        return done
+
+    def start_background(self, interval_ms: int = 1000) -> None:
+        """Run do_work every `interval_ms` on a daemon thread until stop_background."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._background_loop, args=(interval_ms,),
+                                            name="log-manager", daemon=True)
+            self._thread.start()
+
+    def _background_loop(self, interval_ms: int) -> None:
+        while not self._stop.wait(interval_ms / 1000):
+            try:
+                self.do_work()
+            except Exception:
+                log.exception("log manager background pass failed")
+
+    def stop_background(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join()
+
+    # ---- shutdown ------------------------------------------------------------------
+    def close(self) -> None:
+        """Clean shutdown: stop maintenance, flush and close every log, write the
+        checkpoints, then the clean-shutdown marker in each dir."""
+        self.stop_background()
+        with self._lock:
+            if self._closed:
+                return
+            for log_ in self._logs.values():
+                log_.close()
+            self.checkpoint_recovery_points()
+            self.checkpoint_log_start_offsets()
+            for d in self._dirs:
+                atomic_write_bytes(d.clean_marker, b"")
+                d.release()
+            self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the log manager is closed")
+
+    def __enter__(self) -> "LogManager":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

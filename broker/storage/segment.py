@@ -1,0 +1,482 @@
+"""One segment of a partition log: `<20-digit base offset>.arrows` plus its indexes.
+
+On disk the data file is an Arrow IPC *stream*::
+
+    schema message | batch message | batch message | ... [| end-of-stream marker]
+
+Every batch message is a stored batch as defined in `batch_format` (custom
+metadata carries the base offset, record count, epoch, max timestamp, CRC and
+producer fields). Batch i+1 starts at offset base(i) + count(i): offsets are
+dense and never stored per record. Only a *sealed* segment (one that has been
+rolled) ends with the end-of-stream marker, so `pyarrow.ipc.open_stream`
+reads any complete segment. Beside it: `<base>.index` (`OffsetIndex`) and
+`<base>.timeindex` (`TimeIndex`), both rebuildable caches.
+
+mmap safety: reads hand out zero-copy slices of a `pa.memory_map` of the data
+file, so a data file never shrinks in place (touching a mapped page past EOF
+raises SIGBUS). It only grows by appends; any truncation writes the kept
+prefix to a new file and renames it over (a new inode: old mappings stay
+valid). The mapping is re-created lazily when a read needs bytes beyond it.
+
+Thread-safety: mutations (append, seal, truncate_to, recover, delete) must be
+serialised by the caller (the Log's lock). Reads (`buffer`, `batches_from`)
+may run concurrently with appends: they only look at bytes below the size they
+were given and re-map under a small lock of their own.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pyarrow as pa
+
+from replikafka.errors import CorruptRecordError, InvalidSchemaError, StorageError
+
+from . import batch_format as bf
+from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir, fsync_path, write_all
+from .offset_index import OffsetIndex
+from .time_index import TimeIndex
+
+log = logging.getLogger(__name__)
+
+DATA_SUFFIX = ".arrows"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+MAX_RELATIVE_OFFSET = 0xFFFFFFFF     # relative offsets are u32 in both indexes
+MAX_SEGMENT_POSITION = 0xFFFFFFFF    # positions are u32 in the offset index
+
+
+def segment_file_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBatchRef:
+    """Where one stored batch lies in its segment."""
+
+    base_offset: int
+    record_count: int
+    position: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    valid_batches: int
+    truncated_bytes: int     # bytes removed from the end of the data file
+    reason: str | None       # why the scan stopped early (None: clean end)
+
+
+class LogSegment:
+    def __init__(self, directory: str, base_offset: int, schema: pa.Schema, schema_size: int,
+                 index_interval_bytes: int, created_ms: int):
+        self.dir = directory
+        self.base_offset = base_offset
+        name = os.path.join(directory, segment_file_name(base_offset))
+        self.path = name + DATA_SUFFIX
+        self.offset_index = OffsetIndex(name + INDEX_SUFFIX, base_offset)
+        self.time_index = TimeIndex(name + TIMEINDEX_SUFFIX, base_offset)
+        self.schema = schema
+        self.schema_size = schema_size        # the schema message; batches start here
+        self.size = schema_size               # committed bytes, end-of-stream marker included
+        self.next_offset = base_offset        # offset after the last record
+        self.sealed = False
+        self.created_ms = created_ms          # for roll by segment.ms
+        self._index_interval = index_interval_bytes
+        self._bytes_since_index_entry = 0
+        self._fd: int | None = None
+        self._buf: pa.Buffer | None = None    # current read-only mapping of the data file
+        self._map_lock = threading.Lock()
+
+    # ---- creation and loading --------------------------------------------------
+    @classmethod
+    def create(cls, directory: str, base_offset: int, schema: pa.Schema, schema_msg: bytes,
+               index_interval_bytes: int, created_ms: int) -> "LogSegment":
+        """A new empty segment: the data file holds only the schema message."""
+        seg = cls(directory, base_offset, schema, len(schema_msg), index_interval_bytes, created_ms)
+        # Written via tmp + rename so a crash never leaves a torn schema message;
+        # the directory fsync is left to the next log flush.
+        atomic_write_bytes(seg.path, schema_msg, sync_dir=False)
+        seg.offset_index.reset([])
+        seg.time_index.reset([])
+        seg._open_for_append()
+        return seg
+
+    @classmethod
+    def open_existing(cls, directory: str, base_offset: int, schema: pa.Schema,
+                      index_interval_bytes: int, created_ms: int) -> "LogSegment":
+        """Bind to existing files without reading them yet (see load_trusted / recover)."""
+        seg = cls(directory, base_offset, schema, 0, index_interval_bytes, created_ms)
+        seg.size = os.path.getsize(seg.path)
+        return seg
+
+    def read_file_schema(self) -> pa.Schema:
+        """The schema message at the start of the data file; sets schema_size.
+
+        Raises CorruptRecordError if it is torn or unreadable."""
+        with open(self.path, "rb") as f:
+            head = f.read(8)
+            if len(head) == 8:
+                meta_len = int.from_bytes(head[4:8], "little", signed=True)
+                if 0 < meta_len <= bf.MAX_METADATA_LENGTH:
+                    head += f.read(meta_len)
+        schema, size = bf.read_schema_message(head, len(head), f"{self.path}")
+        self.schema_size = size
+        return schema
+
+    def check_schema(self, schema: pa.Schema) -> None:
+        if not schema.equals(self.schema, check_metadata=False):
+            raise InvalidSchemaError(f"{self.path} holds schema {schema} but the log's schema is "
+                                     f"{self.schema}")
+
+    def load_trusted(self, next_segment_base: int | None) -> str | None:
+        """Load a segment that needs no scan (clean shutdown, or below the recovery
+        point). Returns None on success, or why it must be recovered instead.
+
+        A middle segment ends where the next one starts; the last segment's end
+        is found by framing the batches after its last index entry."""
+        try:
+            self.check_schema(self.read_file_schema())
+        except CorruptRecordError as e:
+            return str(e)
+        self.offset_index.load()
+        problem = self.offset_index.sanity_check(self.schema_size, self.size)
+        if problem:
+            return problem
+        if next_segment_base is not None:
+            self.next_offset = next_segment_base
+            self.sealed = True
+        else:
+            problem = self._scan_tail()
+            if problem:
+                return problem
+        self.time_index.load()
+        problem = self.time_index.sanity_check(self.next_offset)
+        if problem:
+            return problem
+        if not self.sealed:
+            self._open_for_append()
+        return None
+
+    def _scan_tail(self) -> str | None:
+        """Frame the batches after the last index entry to find next_offset and
+        whether the segment is sealed. Returns a problem string if the tail is torn."""
+        entry = self.offset_index.last_entry()
+        offset, pos = entry if entry else (self.base_offset, self.schema_size)
+        limit = self.size
+        buf = self._map(limit)
+        while pos < limit:
+            try:
+                info = bf.peek_message(buf, pos, limit, f"{self.path} position {pos}")
+            except CorruptRecordError as e:
+                return str(e)
+            if info is None:
+                if pos + len(bf.END_OF_STREAM) != limit:
+                    return f"{self.path}: bytes after the end-of-stream marker at {pos}"
+                self.sealed = True
+                break
+            offset += info.record_count
+            pos += info.size
+        self.next_offset = offset
+        self._bytes_since_index_entry = self.data_end - (entry[1] if entry else self.schema_size)
+        return None
+
+    def recover(self, on_batch: Callable[[bf.BatchHeader], None] | None = None) -> RecoveryResult:
+        """Validate every batch from the start, cut the file at the first invalid byte,
+        and rebuild both indexes.
+
+        Stops at the first batch that fails `decode_batch` (framing, CRC, Arrow,
+        base offset contiguous from this segment's base, record count, max
+        timestamp). A valid end-of-stream marker ends the scan with the segment
+        sealed; bytes after it are dropped. `on_batch` sees every valid header in
+        order (the Log rebuilds its leader-epoch cache from it).
+        """
+        limit = os.path.getsize(self.path)
+        schema_msg = bf.schema_message(self.schema)
+        try:
+            self.check_schema(self.read_file_schema())
+        except CorruptRecordError as e:
+            # A torn or unreadable schema message: nothing in the file is usable.
+            self._rewrite(0, b"", schema_msg=schema_msg)
+            self._reset_after_recovery(len(schema_msg), self.base_offset, False, 0, [], [])
+            log.warning("recovery of %s: dropped all %d bytes: %s", self.path, limit, e)
+            return RecoveryResult(0, limit, str(e))
+        buf = self._map(limit)
+        reason = None
+        offset_entries: list[tuple[int, int]] = []
+        time_entries: list[tuple[int, int]] = []
+        pos, offset, batches, max_ts = self.schema_size, self.base_offset, 0, -1
+        since_entry, sealed = 0, False
+        while pos < limit:
+            where = f"{self.path} position {pos}"
+            try:
+                decoded = bf.decode_batch(buf, pos, limit, self.schema, where, offset)
+            except CorruptRecordError as e:
+                reason = str(e)
+                break
+            if decoded is None:
+                sealed = True
+                break
+            header = decoded.header
+            if header.next_offset - self.base_offset > MAX_RELATIVE_OFFSET + 1:
+                reason = f"{where}: offset beyond the segment's u32 relative range"
+                break
+            if since_entry > self._index_interval:
+                offset_entries.append((offset - self.base_offset, pos))
+                since_entry = 0
+            if header.max_timestamp_ms > max_ts:
+                max_ts = header.max_timestamp_ms
+                time_entries.append((max_ts, offset - self.base_offset))
+            if on_batch is not None:
+                on_batch(header)
+            pos += decoded.size
+            since_entry += decoded.size
+            offset = header.next_offset
+            batches += 1
+        valid_end = pos + (len(bf.END_OF_STREAM) if sealed else 0)
+        if valid_end != limit:
+            reason = reason or f"{self.path}: bytes after the end-of-stream marker at {pos}"
+            self._rewrite(valid_end, b"")
+        self._reset_after_recovery(valid_end, offset, sealed, since_entry, offset_entries,
+                                   time_entries)
+        truncated = limit - valid_end
+        if reason:
+            log.warning("recovery of %s stopped after %d valid batches (%d bytes dropped): %s",
+                        self.path, batches, truncated, reason)
+        return RecoveryResult(batches, truncated, reason)
+
+    def _reset_after_recovery(self, size: int, next_offset: int, sealed: bool, since_entry: int,
+                              offset_entries, time_entries) -> None:
+        self.size = size
+        self.next_offset = next_offset
+        self.sealed = sealed
+        self._bytes_since_index_entry = since_entry
+        self.offset_index.reset(offset_entries)
+        self.time_index.reset(time_entries)
+        self._close_fd()
+        if not sealed:
+            self._open_for_append()
+
+    # ---- properties ----------------------------------------------------------
+    @property
+    def data_end(self) -> int:
+        """Position after the last batch (before the end-of-stream marker, if any)."""
+        return self.size - len(bf.END_OF_STREAM) if self.sealed else self.size
+
+    @property
+    def record_count(self) -> int:
+        return self.next_offset - self.base_offset
+
+    @property
+    def is_empty(self) -> bool:
+        return self.next_offset == self.base_offset
+
+    @property
+    def max_timestamp_ms(self) -> int:
+        return self.time_index.max_timestamp_ms
+
+    # ---- appending -----------------------------------------------------------
+    def _open_for_append(self) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def can_hold(self, message_size: int, last_offset: int, segment_bytes: int) -> bool:
+        """Whether a batch of `message_size` bytes ending at `last_offset` fits, or the
+        segment must roll first. An empty segment takes any one batch."""
+        if last_offset - self.base_offset > MAX_RELATIVE_OFFSET:
+            return False
+        if self.is_empty:
+            return self.size + message_size <= MAX_SEGMENT_POSITION
+        return self.size + message_size <= segment_bytes
+
+    def append(self, message, header: bf.BatchHeader) -> None:
+        """Append one stored batch message (already encoded and validated)."""
+        if self.sealed or self._fd is None:
+            raise StorageError(f"{self.path}: append to a sealed or closed segment")
+        pos = self.size
+        try:
+            write_all(self._fd, message)
+        except OSError as e:
+            self._undo_torn_append(pos)
+            raise StorageError(f"{self.path}: write failed at position {pos}: {e}") from e
+        # Index entries are written after the data, so they never point past it.
+        if self._bytes_since_index_entry > self._index_interval:
+            self.offset_index.append(header.base_offset, pos)
+            self._bytes_since_index_entry = 0
+        self.time_index.maybe_append(header.max_timestamp_ms, header.base_offset)
+        n = len(message)
+        self._bytes_since_index_entry += n
+        self.next_offset = header.next_offset
+        self.size = pos + n
+
+    def _undo_torn_append(self, committed_size: int) -> None:
+        """Drop a partially written message (without shrinking the mapped file)."""
+        try:
+            self._rewrite(committed_size, b"")
+        except OSError:
+            log.exception("%s: could not remove a torn append; recovery will", self.path)
+
+    def seal(self) -> None:
+        """Write the end-of-stream marker: the segment is now read-only."""
+        if self.sealed:
+            return
+        write_all(self._fd, bf.END_OF_STREAM)
+        self.size += len(bf.END_OF_STREAM)
+        self.sealed = True
+        self.close()
+
+    # ---- reading -------------------------------------------------------------
+    def _map(self, need_end: int) -> pa.Buffer:
+        """A read-only mapping of the data file covering [0, need_end)."""
+        buf = self._buf
+        if buf is not None and buf.size >= need_end:
+            return buf
+        with self._map_lock:
+            buf = self._buf
+            if buf is None or buf.size < need_end:
+                mm = pa.memory_map(self.path, "r")
+                try:
+                    buf = mm.read_buffer()
+                finally:
+                    mm.close()      # the buffer keeps the mapping alive
+                if buf.size < need_end:
+                    raise CorruptRecordError(f"{self.path}: file holds {buf.size} bytes, "
+                                             f"expected at least {need_end}")
+                self._buf = buf
+        return buf
+
+    def buffer(self) -> pa.Buffer:
+        """The mapped data file, covering at least the committed bytes."""
+        return self._map(self.size)
+
+    def batches_from(self, offset: int, end_offset: int | None = None,
+                     limit: int | None = None) -> Iterator[StoredBatchRef]:
+        """Stored batches from the one containing `offset`, stopping before `end_offset`
+        and before position `limit` (default: the committed data end)."""
+        limit = self.data_end if limit is None else limit
+        end_offset = self.next_offset if end_offset is None else end_offset
+        entry = self.offset_index.lookup(offset)
+        base, pos = entry if entry else (self.base_offset, self.schema_size)
+        if pos >= limit:
+            return
+        buf = self._map(limit)
+        while pos < limit and base < end_offset:
+            info = bf.peek_message(buf, pos, limit, f"{self.path} position {pos}")
+            if info is None:
+                return
+            if base + info.record_count > offset:
+                yield StoredBatchRef(base, info.record_count, pos, info.size)
+            base += info.record_count
+            pos += info.size
+
+    def read_header(self, ref: StoredBatchRef) -> bf.BatchHeader:
+        got = bf.read_header(self._map(ref.position + ref.size), ref.position,
+                             ref.position + ref.size, f"{self.path} position {ref.position}")
+        if got is None:
+            raise CorruptRecordError(f"{self.path} position {ref.position}: end-of-stream marker")
+        return got[0]
+
+    def record_batch(self, ref: StoredBatchRef) -> pa.RecordBatch:
+        """The stored batch as a RecordBatch, zero-copy over the mapping."""
+        return bf.record_batch_at(self._map(ref.position + ref.size), ref.position, ref.size,
+                                  self.schema)
+
+    def message(self, ref: StoredBatchRef) -> pa.Buffer:
+        """The stored message bytes, zero-copy over the mapping."""
+        return self._map(ref.position + ref.size).slice(ref.position, ref.size)
+
+    # ---- truncation ------------------------------------------------------------
+    def truncate_to(self, offset: int, encoder: bf.BatchEncoder) -> None:
+        """Keep only records below `offset` (base_offset <= offset < next_offset).
+
+        A batch that straddles `offset` is re-encoded with its first rows (same
+        epoch and producer fields, new count, CRC and max timestamp). The kept
+        bytes go to a new file renamed over the old one, which leaves the
+        segment unsealed: it becomes the active segment.
+        """
+        ref = next(self.batches_from(offset), None)
+        if ref is None:
+            raise StorageError(f"{self.path}: no batch contains offset {offset}")
+        tail = b""
+        header = None
+        if offset > ref.base_offset:
+            whole = self.read_header(ref)
+            kept = self.record_batch(ref).slice(0, offset - ref.base_offset)
+            header = bf.BatchHeader(whole.base_offset, kept.num_rows, whole.leader_epoch,
+                                    bf.max_timestamp_ms(kept), whole.producer_id,
+                                    whole.producer_epoch, whole.base_sequence)
+            msg = encoder.encode([(kept, header)])[0]
+            header, tail = msg.header, msg.data.to_pybytes()
+        self._rewrite(ref.position, tail)
+        self.size = ref.position + len(tail)
+        self.next_offset = offset
+        self.sealed = False
+        self.offset_index.truncate_to_position(ref.position)
+        self.time_index.truncate_to(ref.base_offset)
+        if header is not None:
+            self.time_index.maybe_append(header.max_timestamp_ms, header.base_offset)
+        last = self.offset_index.last_entry()
+        self._bytes_since_index_entry = self.size - (last[1] if last else self.schema_size)
+        self._open_for_append()
+
+    def _rewrite(self, keep: int, tail: bytes, schema_msg: bytes | None = None) -> None:
+        """Replace the data file by its first `keep` bytes + `tail` (or, with
+        `schema_msg`, by schema_msg + tail) through a new inode: never shrink in place."""
+        tmp = self.path + TMP_SUFFIX
+        with open(tmp, "wb") as dst:
+            if schema_msg is not None:
+                dst.write(schema_msg)
+            else:
+                with open(self.path, "rb") as src:
+                    remaining = keep
+                    while remaining:
+                        chunk = src.read(min(remaining, 1 << 20))
+                        if not chunk:
+                            raise StorageError(f"{self.path}: shorter than {keep} bytes")
+                        dst.write(chunk)
+                        remaining -= len(chunk)
+            dst.write(tail)
+            dst.flush()
+            os.fsync(dst.fileno())
+        self._close_fd()
+        os.replace(tmp, self.path)
+        with self._map_lock:
+            self._buf = None
+        fsync_dir(self.dir)
+
+    # ---- durability and lifecycle ----------------------------------------------
+    def flush(self) -> None:
+        """fsync the data file and both indexes (by path: safe against a concurrent close)."""
+        fsync_path(self.path)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        """Release file descriptors; existing mappings stay valid for their holders."""
+        self._close_fd()
+        self.offset_index.close()
+        self.time_index.close()
+
+    def delete(self) -> None:
+        """Unlink the segment's files (safe while mapped: the inode lives on until unmapped)."""
+        self.close()
+        for path in (self.path, self.offset_index.path, self.time_index.path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        with self._map_lock:
+            self._buf = None
+
+    def __repr__(self) -> str:
+        state = "sealed" if self.sealed else "active"
+        return (f"LogSegment({self.path}, offsets [{self.base_offset}, {self.next_offset}), "
+                f"{self.size} bytes, {state})")
