@@ -18,7 +18,7 @@ from concurrent import futures
 import grpc
 from kazoo.client import KazooClient, KazooState
 
-from replikafka import records as R
+from replikafka.errors import UnknownTopicOrPartitionError
 from replikafka.broker.admin_manager import AdminManager
 from replikafka.broker.config import BrokerConfig, log_config_for_topic
 from replikafka.broker.controller.controller import Controller
@@ -26,6 +26,8 @@ from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
 from replikafka.broker.replica_manager import ReplicaManager
 from replikafka.broker.rpc_server import BrokerServicer
+from replikafka.broker.storage.clock import SYSTEM_CLOCK
+from replikafka.broker.storage.fileio import atomic_write_bytes
 from replikafka.broker.storage.log_manager import LogManager
 from replikafka.broker.zk_store import ZkStore
 from replikafka.protocol import replikafka_pb2_grpc as pbg
@@ -35,44 +37,61 @@ TOPIC_ID_KEY = "topic.id"
 GRPC_MESSAGE_BYTES_MAX = 256 << 20
 
 
-class SystemClock:
-    def time_ms(self) -> int:
-        return time.time_ns() // 1_000_000
-
-
 class PartitionLogs:
     """The replica manager's view of the log manager: logs by (topic, partition),
-    created with the topic's schema and config, tagged with the topic id so a
-    re-created topic never adopts an old directory."""
+    created with the topic's schema and config and tagged with the topic id
+    (``partition.metadata``, as Kafka's KIP-516) so a re-created topic never
+    adopts an old directory."""
+
+    METADATA_FILE = "partition.metadata"
 
     def __init__(self, broker_config: BrokerConfig, log_manager: LogManager):
         self.broker_config = broker_config
         self.manager = log_manager
-        self.hw_checkpoint = log_manager.high_watermarks()
+        self.hw_checkpoint = log_manager.read_high_watermarks()
+
+    @classmethod
+    def topic_id_of(cls, log_) -> str:
+        try:
+            with open(os.path.join(log_.dir, cls.METADATA_FILE)) as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    if k.strip() == "topic_id":
+                        return v.strip()
+        except FileNotFoundError:
+            pass
+        return ""
 
     def get_or_create(self, topic: str, partition: int, schema, topic_config: dict, topic_id: str):
         overrides = {k: v for k, v in topic_config.items() if k != TOPIC_ID_KEY}
         cfg = log_config_for_topic(self.broker_config, overrides)
         existing = self.manager.get_log(topic, partition)
-        if existing is not None and (self.manager.topic_id(topic, partition) not in ("", topic_id)
+        if existing is not None and (self.topic_id_of(existing) not in ("", topic_id)
                                      or not existing.schema.equals(schema)):
             log.warning("%s-%d: local log belongs to an older topic of that name; deleting it", topic, partition)
-            self.manager.delete_log(topic, partition)
-            self.hw_checkpoint.pop((topic, partition), None)
-        return self.manager.get_or_create_log(topic, partition, schema, cfg, topic_id=topic_id)
+            self.delete(topic, partition)
+            existing = None
+        log_ = existing or self.manager.get_or_create_log(topic, partition, schema, cfg)
+        if topic_id and self.topic_id_of(log_) != topic_id:
+            atomic_write_bytes(os.path.join(log_.dir, self.METADATA_FILE),
+                               f"version: 0\ntopic_id: {topic_id}\n".encode())
+        return log_
 
     def checkpointed_hw(self, tp) -> int:
         return self.hw_checkpoint.get(tp, 0)
 
     def delete(self, topic: str, partition: int) -> None:
-        self.manager.delete_log(topic, partition)
         self.hw_checkpoint.pop((topic, partition), None)
+        try:
+            self.manager.delete_log(topic, partition)
+        except UnknownTopicOrPartitionError:
+            pass
 
 
 class BrokerServer:
     def __init__(self, config: BrokerConfig, clock=None):
         self.config = config
-        self.clock = clock or SystemClock()
+        self.clock = clock or SYSTEM_CLOCK
         self.broker_id = config.get("broker.id")
         self.endpoint = config.advertised_endpoint()
         self.stopped = threading.Event()
@@ -91,9 +110,8 @@ class BrokerServer:
         self.zk.add_listener(self._on_zk_state)
         self.store = ZkStore(self.zk)
         self.store.ensure_paths()
-        self.log_manager = LogManager(list(cfg.get("log.dirs")), topic_lookup=self._topic_for_load,
-                                      broker_config=cfg, clock=self.clock)
-        self.log_manager.load()
+        self.log_manager = LogManager(list(cfg.get("log.dirs")), log_config_for_topic(cfg, {}),
+                                      topic_config=self._topic_log_config, clock=self.clock)
         self._delete_unassigned()
         self.logs = PartitionLogs(cfg, self.log_manager)
         self.metadata = MetadataCache()
@@ -122,23 +140,20 @@ class BrokerServer:
         self._loop("zk-session", self._session_work, 100)
         log.info("broker %d serving on %s:%d", self.broker_id, self.endpoint.host, self.endpoint.port)
 
-    def _topic_for_load(self, topic: str):
-        """Schema and LogConfig of a topic found on disk, from ZooKeeper (None: deleted)."""
+    def _topic_log_config(self, topic: str):
+        """A topic's LogConfig while loading its logs (broker defaults if it was deleted)."""
         found = self.store.get_topic_config(topic)
-        if found is None:
-            return None
-        config, schema = found
-        overrides = {k: v for k, v in config.items() if k != TOPIC_ID_KEY}
-        return R.schema_from_bytes(schema), log_config_for_topic(self.config, overrides), config.get(TOPIC_ID_KEY, "")
+        overrides = {k: v for k, v in (found[0] if found else {}).items() if k != TOPIC_ID_KEY}
+        return log_config_for_topic(self.config, overrides)
 
     def _delete_unassigned(self) -> None:
         """Seed 000 Q5: partitions on disk that are no longer assigned to us go."""
-        for topic, partition in list(self.log_manager.partitions()):
+        for (topic, partition), log_ in self.log_manager.logs().items():
             assignment = self.store.get_assignment(topic)
             cfg = self.store.get_topic_config(topic)
             topic_id = cfg[0].get(TOPIC_ID_KEY, "") if cfg else ""
             if assignment is None or self.broker_id not in assignment.get(partition, []) \
-                    or self.log_manager.topic_id(topic, partition) not in ("", topic_id):
+                    or PartitionLogs.topic_id_of(log_) not in ("", topic_id):
                 log.info("deleting %s-%d: no longer assigned to broker %d", topic, partition, self.broker_id)
                 self.log_manager.delete_log(topic, partition)
 
