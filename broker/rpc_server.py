@@ -35,20 +35,21 @@ def _guard(method):
     return wrapper
 
 
-def _admin(method):
+def _admin(resp_cls):
     """Admin RPCs answer with an Error field rather than a failed call."""
-    @functools.wraps(method)
-    def wrapper(self, request, context):
-        resp_cls = method.__annotations__["return"]
-        try:
-            method(self, request, context)
-            return resp_cls()
-        except E.ReplikafkaError as exc:
-            return resp_cls(error=to_pb(exc))
-        except Exception as exc:
-            log.exception("%s failed", method.__name__)
-            return resp_cls(error=to_pb(E.ReplikafkaError(f"{type(exc).__name__}: {exc}")))
-    return wrapper
+    def decorate(method):
+        @functools.wraps(method)
+        def wrapper(self, request, context):
+            try:
+                method(self, request, context)
+                return resp_cls()
+            except E.ReplikafkaError as exc:
+                return resp_cls(error=to_pb(exc))
+            except Exception as exc:
+                log.exception("%s failed", method.__name__)
+                return resp_cls(error=to_pb(E.ReplikafkaError(f"{type(exc).__name__}: {exc}")))
+        return wrapper
+    return decorate
 
 
 class BrokerServicer(pbg.ReplikafkaServicer):
@@ -82,16 +83,16 @@ class BrokerServicer(pbg.ReplikafkaServicer):
         pid, epoch = self.admin.init_producer_id()
         return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
 
-    @_admin
-    def CreateTopic(self, request, context) -> pb.CreateTopicResponse:
+    @_admin(pb.CreateTopicResponse)
+    def CreateTopic(self, request, context):
         self.admin.create_topic(request)
 
-    @_admin
-    def DeleteTopic(self, request, context) -> pb.DeleteTopicResponse:
+    @_admin(pb.DeleteTopicResponse)
+    def DeleteTopic(self, request, context):
         self.admin.delete_topic(request)
 
-    @_admin
-    def CreatePartitions(self, request, context) -> pb.CreatePartitionsResponse:
+    @_admin(pb.CreatePartitionsResponse)
+    def CreatePartitions(self, request, context):
         self.admin.create_partitions(request)
 
     @_guard
