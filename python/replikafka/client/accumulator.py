@@ -5,9 +5,11 @@ the :class:`~replikafka.client.producer.Producer` calls every method with its
 lock held. Methods that finish user futures return *actions* (callables) which
 the caller runs after releasing the lock, so user callbacks never run under it.
 
-Ordering and idempotence: a batch gets its sequence number the first time it
-is drained and keeps it on retries. A partition with a batch waiting to be
-retried sends only that batch (one in flight) until the retry succeeds, so
+Ordering and idempotence: concurrent gRPC calls may reach the broker in any
+order, so a partition has at most one batch in flight; a request carries one
+batch for each of several partitions of the same leader, and ``max_in_flight``
+bounds the requests in flight per broker. A batch gets its sequence number
+the first time it is drained and keeps it on retries, which go first, so
 batches reach the broker in sequence order. If a sequenced batch fails for
 good (the sequence then has a gap the broker would refuse), the accumulator
 asks for a new producer id; batches not yet acknowledged are renumbered under
@@ -163,6 +165,12 @@ class Accumulator:
         self.buffer_used += nbytes
         return pb_
 
+    def room(self, tp: TopicPartition, cap: int) -> int:
+        """Bytes the partition's open batch can still take (0: none open)."""
+        st = self.parts.get(tp)
+        b = st.queue[-1] if st and st.queue else None
+        return cap - b.nbytes if b is not None and not b.sealed and b.nbytes < cap else 0
+
     def is_open(self, pb_: ProducerBatch | None, cap: int) -> bool:
         """Whether ``pb_`` still takes pieces (last of its queue, not drained, not full)."""
         if pb_ is None or pb_.sealed or pb_.done or pb_.nbytes >= cap:
@@ -193,19 +201,17 @@ class Accumulator:
         for tp, st in self.parts.items():
             if not st.queue:
                 continue
+            if st.inflight:
+                continue  # one append per partition in flight: gRPC does not order concurrent calls
             b = st.queue[0]
             if b.attempts:
                 if now < b.retry_at:
                     wake = min(wake, b.retry_at)
                     continue
-                if st.inflight:
-                    continue  # retries go one at a time, in order
             else:
                 full = len(st.queue) > 1 or b.nbytes >= cap_of(tp)
                 if not (full or flushing or now >= b.created + self.linger_s):
                     wake = min(wake, b.created + self.linger_s)
-                    continue
-                if len(st.inflight) >= self.max_in_flight:
                     continue
             target = leader_of(tp)
             if target is None:

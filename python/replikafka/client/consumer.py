@@ -1,19 +1,21 @@
 """The consumer: reads committed records of assigned partitions as Arrow tables.
 
 Threading: a :class:`Consumer` is meant for one thread at a time (like
-Kafka's); it starts no threads of its own. Each :meth:`Consumer.poll` sends one
-``Fetch`` RPC per leader broker, concurrently, and waits for all of them.
+Kafka's). Each :meth:`Consumer.poll` sends one ``Fetch`` RPC per leader broker
+and waits for all of them; with several leaders the calls run concurrently on
+a small pool of I/O threads owned by the consumer.
 """
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from replikafka import errors as E
-from replikafka.client.connection import ConnectionPool, annotated, error_of, parse_bootstrap
+from replikafka.client.connection import ConnectionPool, annotated, parse_bootstrap
 from replikafka.client.metadata import ClusterMetadata, TopicInfo
 from replikafka.client.offsets import EARLIEST, LATEST, TopicPartition, ensure_partitions, group_by_leader, list_offsets
 from replikafka.protocol import replikafka_pb2 as pb
@@ -124,6 +126,7 @@ class Consumer:
         self._highwater: dict[TopicPartition, int] = {}
         self._schemas: dict[str, pa.Schema] = {}
         self._closed = False
+        self._io: ThreadPoolExecutor | None = None  # fetches to several leaders at once
 
     # ------------------------------------------------------------ assignment
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -223,6 +226,8 @@ class Consumer:
 
     def close(self) -> None:
         self._closed = True
+        if self._io is not None:
+            self._io.shutdown(wait=False)
         self._pool.close()
 
     def __enter__(self) -> "Consumer":
@@ -285,17 +290,15 @@ class Consumer:
                                               current_leader_epoch=info.leader_epoch,
                                               partition_max_bytes=self._partition_max_bytes, last_fetched_epoch=-1)
                             for tp, info in items])
-            timeout_s = max_wait_ms / 1000 + self._request_timeout_ms / 1000
-            calls.append((target, self._pool.call_async(target, "Fetch", request, timeout_s)))
+            calls.append((target, request))
         tables: list[pa.Table] = []
-        for target, call in calls:
-            err = error_of(call, target)
-            if err is not None:
-                if not err.retriable:
-                    raise err
+        for target, response in self._call_all(calls, max_wait_ms / 1000 + self._request_timeout_ms / 1000):
+            if isinstance(response, E.ReplikafkaError):
+                if not response.retriable:
+                    raise response
                 trouble = True
                 continue
-            for r in call.result().partitions:
+            for r in response.partitions:
                 tp = (r.topic, r.partition)
                 fetch_offset = self._positions.get(tp)
                 if fetch_offset is None:
@@ -325,6 +328,21 @@ class Consumer:
                 pass
             self._check_topics_exist()
         return tables, trouble
+
+    def _call_all(self, calls: list[tuple[str, pb.FetchRequest]], timeout_s: float) -> list[tuple[str, Any]]:
+        """Run the Fetch calls (concurrently when there are several leaders);
+        each result is the response or the error-tree exception."""
+        def one(target: str, request: pb.FetchRequest):
+            try:
+                return self._pool.call(target, "Fetch", request, timeout_s)
+            except E.ReplikafkaError as exc:
+                return exc
+        if len(calls) <= 1:
+            return [(t, one(t, r)) for t, r in calls]
+        if self._io is None:
+            self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="replikafka-consumer-io")
+        futures = [(t, self._io.submit(one, t, r)) for t, r in calls]
+        return [(t, f.result()) for t, f in futures]
 
     def _check_topics_exist(self) -> None:
         """After a refresh: an assigned topic the cluster no longer knows is an error."""

@@ -3,8 +3,8 @@
 Threading: :meth:`Producer.send`, :meth:`Producer.flush` and
 :meth:`Producer.close` may be called from any thread. One background *sender*
 thread drains ready batches, encodes them (one Arrow IPC stream per partition,
-one ``Produce`` RPC per leader broker) and handles the answers, which gRPC
-delivers on its own threads into a queue the sender reads. All shared state is
+one ``Produce`` RPC per leader broker, made by a small pool of I/O threads)
+and handles the answers, which the I/O threads put in a queue the sender reads. All shared state is
 guarded by one condition variable; futures are completed outside it, on the
 sender thread, so keep callbacks short and never block in them.
 """
@@ -14,10 +14,9 @@ import itertools
 import random
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
-import grpc
 import pyarrow as pa
 
 from replikafka import errors as E
@@ -53,24 +52,33 @@ def parse_acks(acks: Any) -> int:
     raise E.InvalidConfigError(f"acks must be 'all', -1, 0 or 1, got {acks!r}")
 
 
-def split_batch(batch: pa.RecordBatch, limit: int) -> list[pa.RecordBatch]:
-    """Zero-copy slices of ``batch`` of at most ``limit`` bytes each (by
-    ``nbytes``); raises :class:`RecordTooLargeError` if one record alone is larger."""
-    if batch.nbytes <= limit or batch.num_rows <= 1:
-        if batch.nbytes > limit:
-            raise E.RecordTooLargeError(
-                f"a record of {batch.nbytes} bytes is larger than the {limit}-byte limit (max.message.bytes)")
+def split_batch(batch: pa.RecordBatch, target: int, limit: int | None = None,
+                first_target: int | None = None) -> list[pa.RecordBatch]:
+    """Zero-copy slices of ``batch`` of at most ``target`` bytes each (by
+    ``nbytes``); the first slice at most ``first_target`` if given (to fill a
+    partly full batch). A single record over ``target`` forms its own slice if
+    it is within ``limit`` (default ``target``); over it, raises
+    :class:`RecordTooLargeError`."""
+    limit = max(limit or target, target)
+    n = batch.num_rows
+    if n == 0:
+        return []
+    if batch.nbytes <= (first_target or target):
         return [batch]
     out = []
-    n = batch.num_rows
     per_row = batch.nbytes / n
     start = 0
+    goal = first_target or target
     while start < n:
-        rows = max(1, min(n - start, int(limit / per_row)))
+        rows = max(1, min(n - start, int(goal / per_row)))
         piece = batch.slice(start, rows)
-        while piece.nbytes > limit and rows > 1:
-            rows = max(1, rows // 2)
+        while piece.nbytes > goal and rows > 1:
+            rows = max(1, min(rows - 1, int(rows * goal / piece.nbytes * 0.98)))
             piece = batch.slice(start, rows)
+        if piece.nbytes > goal and goal != target:
+            goal = target  # the first record does not fit the partly full batch: start a new one
+            continue
+        goal = target
         if piece.nbytes > limit:
             raise E.RecordTooLargeError(
                 f"record {start} is {piece.nbytes} bytes, larger than the {limit}-byte limit (max.message.bytes)")
@@ -90,7 +98,8 @@ class Producer:
     ``max_block_ms`` for room (and for metadata), then raises
     :class:`KafkaTimeoutError`. A record is retried on retriable errors, with
     a metadata refresh, until ``delivery_timeout_ms`` after its send.
-    ``max_in_flight`` RPCs per broker (and batches per partition).
+    ``max_in_flight``: Produce RPCs in flight per broker; each partition has
+    at most one append in flight (gRPC does not order concurrent calls).
     ``max_request_size`` caps one partition's append in bytes (default: the
     topic's ``max.message.bytes``, else 1 MiB); bigger sends are split.
     """
@@ -123,13 +132,15 @@ class Producer:
                                 idempotent=self._idempotent, delivery_timeout_s=delivery_timeout_ms / 1000,
                                 retry_backoff_s=self._backoff_s)
         self._cv = threading.Condition()
-        self._responses: list[tuple[str, list[ProducerBatch], grpc.Future]] = []
+        self._responses: list[tuple[str, list[ProducerBatch], Future]] = []
         self._sticky: dict[str, tuple[int, ProducerBatch | None]] = {}
         self._round_robin = itertools.count(random.randrange(1 << 16))
         self._flushing = 0
         self._closing = False
         self._abort: E.ReplikafkaError | None = None
         self._refresh_wanted = False
+        # Blocking RPCs run here (gRPC's own futures start a polling thread per idle call).
+        self._io = ThreadPoolExecutor(max_workers=max(4, 4 * max_in_flight), thread_name_prefix="replikafka-producer-io")
         self._sender = threading.Thread(target=self._run, name="replikafka-producer-sender", daemon=True)
         self._sender.start()
 
@@ -163,11 +174,10 @@ class Producer:
             elif not info.partitions:
                 raise E.LeaderNotAvailableError(f"topic {topic!r} has no partitions yet")
             limit = self._append_limit(info)
-            pieces = split_batch(batch, limit) if batch.num_rows else []
         except E.ReplikafkaError as exc:
             future.set_exception(exc)
             return future
-        if not pieces:
+        if batch.num_rows == 0:
             future.set_result(RecordMetadata(topic, partition if partition is not None else -1, -1, 0))
             return future
         deadline = time.monotonic() + self._max_block_s
@@ -176,6 +186,12 @@ class Producer:
             if partition is None:
                 partition = (partition_for_key(key, len(info.partitions)) if key is not None
                              else self._sticky_partition(info, cap))
+            room = self._acc.room((topic, partition), cap)
+            try:
+                pieces = split_batch(batch, cap, limit, first_target=room if room >= cap // 8 else None)
+            except E.ReplikafkaError as exc:
+                future.set_exception(exc)
+                return future
             handle = SendHandle(future, topic, partition, len(pieces), batch.num_rows)
             tp = (topic, partition)
             for i, piece in enumerate(pieces):
@@ -218,6 +234,7 @@ class Producer:
                 self._abort = E.KafkaTimeoutError("the producer was closed before these records were delivered")
                 self._cv.notify_all()
             self._sender.join()
+        self._io.shutdown(wait=False)
         self._pool.close()
 
     def partitions_for(self, topic: str) -> list[int]:
@@ -388,29 +405,38 @@ class Producer:
             time.sleep(self._backoff_s)  # the queued batches expire by their delivery deadline
 
     def _send_request(self, target: str, batches: list[ProducerBatch]) -> None:
-        """Encode (outside the lock) and start one Produce RPC; the answer is
-        queued for the sender by a gRPC callback."""
+        """Hand one Produce RPC to the I/O pool; its outcome is queued for the
+        sender thread when it finishes."""
         try:
-            parts = []
-            for b in batches:
-                if b.payload is None:
-                    rb = b.record_batch()
-                    b.payload = encode_stream(rb.schema, [rb]).to_pybytes()
-                parts.append(pb.PartitionProduceData(
-                    topic=b.tp[0], partition=b.tp[1], records=b.payload,
-                    producer_id=b.producer_id if self._idempotent else -1,
-                    producer_epoch=b.producer_epoch if self._idempotent else -1,
-                    base_sequence=b.sequence if self._idempotent else -1))
-            request = pb.ProduceRequest(acks=self._acks, timeout_ms=self._request_timeout_ms, partitions=parts)
-            call = self._pool.call_async(target, "Produce", request, self._request_timeout_ms / 1000 + 2.0)
-        except Exception as exc:  # the batches must not stay in flight forever
+            call = self._io.submit(self._produce, target, batches)
+        except RuntimeError as exc:  # the pool is shut down (forced close)
             call = Future()
-            call.set_exception(exc if isinstance(exc, E.ReplikafkaError)
-                               else E.ReplikafkaError(f"could not send to {target}: {type(exc).__name__}: {exc}"))
+            call.set_exception(E.ReplikafkaError(f"could not send to {target}: {exc}"))
         call.add_done_callback(lambda f: self._on_response(target, batches, f))
 
-    def _on_response(self, target: str, batches: list[ProducerBatch], call) -> None:
-        """gRPC callback thread: hand the finished call to the sender."""
+    def _produce(self, target: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
+        """I/O thread: encode each batch once (one IPC stream per partition;
+        kept for retries) and make the blocking Produce call."""
+        parts = []
+        for b in batches:
+            if b.payload is None:
+                rb = b.record_batch()
+                b.payload = encode_stream(rb.schema, [rb]).to_pybytes()
+            parts.append(pb.PartitionProduceData(
+                topic=b.tp[0], partition=b.tp[1], records=b.payload,
+                producer_id=b.producer_id if self._idempotent else -1,
+                producer_epoch=b.producer_epoch if self._idempotent else -1,
+                base_sequence=b.sequence if self._idempotent else -1))
+        request = pb.ProduceRequest(acks=self._acks, timeout_ms=self._request_timeout_ms, partitions=parts)
+        try:
+            return self._pool.call(target, "Produce", request, self._request_timeout_ms / 1000 + 2.0)
+        except E.ReplikafkaError:
+            raise
+        except Exception as exc:  # e.g. encoding: the batches must fail, not hang
+            raise E.ReplikafkaError(f"could not send to {target}: {type(exc).__name__}: {exc}") from None
+
+    def _on_response(self, target: str, batches: list[ProducerBatch], call: Future) -> None:
+        """I/O thread: hand the finished call to the sender."""
         with self._cv:
             self._responses.append((target, batches, call))
             self._cv.notify_all()
