@@ -47,6 +47,29 @@ def write_all(fd: int, data) -> None:
         view = view[n:]
 
 
+_IOV_MAX = 512   # well under Linux's 1024 iovecs per call
+
+
+def pwritev_all(fd: int, pieces, position: int) -> int:
+    """Write the concatenation of `pieces` (bytes-like objects) at `position` with
+    os.pwritev, resuming after short writes. Returns the bytes written."""
+    pending = [p for p in pieces if len(p)]
+    total = 0
+    i = 0
+    while i < len(pending):
+        n = os.pwritev(fd, pending[i:i + _IOV_MAX], position + total)
+        total += n
+        while n:
+            size = len(pending[i])
+            if n >= size:
+                n -= size
+                i += 1
+            else:
+                pending[i] = memoryview(pending[i]).cast("B")[n:]
+                n = 0
+    return total
+
+
 def atomic_write_bytes(path: str, data, *, sync_dir: bool = True) -> None:
     """Replace `path` with `data` atomically and durably (tmp, fsync, rename, fsync dir).
 

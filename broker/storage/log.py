@@ -141,7 +141,8 @@ class Log:
         self._encoder = bf.BatchEncoder(schema)
         self._ts_index = schema.get_field_index(TIMESTAMP_COLUMN)
         self._epoch_cache = LeaderEpochFileCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT))
-        self._segments: list[LogSegment] = []
+        self._segments: list[LogSegment] = []      # replaced, never mutated in place
+        self._published_segments: list[LogSegment] | None = None
         self._log_start = 0
         self._leo = 0
         self._recovery_point = 0
@@ -233,7 +234,7 @@ class Log:
         if not kept:
             self._segments = [self._new_segment(log_start_offset)]
         elif kept[-1].sealed:
-            self._segments.append(self._new_segment(kept[-1].next_offset))
+            self._segments = kept + [self._new_segment(kept[-1].next_offset)]
         self._leo = self._segments[-1].next_offset
         self._log_start = max(log_start_offset, self._segments[0].base_offset)
         # What the scan validated becomes durable, so the recovery point can move to the end.
@@ -320,13 +321,13 @@ class Log:
                     sequence = _next_sequence(sequence, batch.num_rows)
             messages = self._encoder.encode(items)
             for m in messages:
-                if m.data.size > self._config.max_message_bytes:
+                if m.size > self._config.max_message_bytes:
                     raise RecordTooLargeError(
-                        f"a batch of {m.header.record_count} records is {m.data.size} bytes, over "
+                        f"a batch of {m.header.record_count} records is {m.size} bytes, over "
                         f"max.message.bytes {self._config.max_message_bytes}")
             # As in Kafka, the epoch is recorded before the data it starts.
             self._epoch_cache.assign(leader_epoch, first)
-            size = self._write_messages([(m.header, m.data) for m in messages])
+            size = self._write_messages(messages)
             info = AppendInfo(first, self._leo - 1, self._leo - first,
                               max(m.header.max_timestamp_ms for m in messages), size)
         self._maybe_flush_by_messages()
@@ -363,19 +364,19 @@ class Log:
             self._check_open()
             if not decoded:
                 return AppendInfo(self._leo, self._leo - 1, 0, -1, 0)
-            first = decoded[0][0].base_offset
+            first = decoded[0].header.base_offset
             if first != self._leo:
                 raise InvalidOffsetError(f"append_raw data starts at offset {first} but the log "
                                          f"ends at {self._leo}")
-            for header, _ in decoded:
-                self._epoch_cache.assign(header.leader_epoch, header.base_offset)
+            for m in decoded:
+                self._epoch_cache.assign(m.header.leader_epoch, m.header.base_offset)
             size = self._write_messages(decoded)
             info = AppendInfo(first, self._leo - 1, self._leo - first,
-                              max(h.max_timestamp_ms for h, _ in decoded), size)
+                              max(m.header.max_timestamp_ms for m in decoded), size)
         self._maybe_flush_by_messages()
         return info
 
-    def _validate_raw(self, buf: pa.Buffer) -> list[tuple[bf.BatchHeader, pa.Buffer]]:
+    def _validate_raw(self, buf: pa.Buffer) -> list[bf.EncodedMessage]:
         limit = buf.size
         if limit == 0:
             return []
@@ -391,25 +392,26 @@ class Log:
                 if pos + len(bf.END_OF_STREAM) != limit:
                     raise CorruptRecordError(f"append_raw data: bytes after the end-of-stream marker at {pos}")
                 break
-            out.append((decoded.header, buf.slice(pos, decoded.size)))
+            out.append(bf.EncodedMessage.verbatim(decoded.header, buf.slice(pos, decoded.size),
+                                                  decoded.size))
             expected = decoded.header.next_offset
             pos += decoded.size
         return out
 
-    def _write_messages(self, messages: Sequence[tuple[bf.BatchHeader, object]]) -> int:
-        """Append encoded messages to the active segment, rolling as needed. Caller
-        holds the lock. Publishes the new log end even if a later write fails."""
+    def _write_messages(self, messages: Sequence[bf.EncodedMessage]) -> int:
+        """Append messages to the active segment, rolling as needed. Caller holds
+        the lock. Publishes the new log end even if a later write fails."""
         now = self._clock.time_ms()
         written = 0
         try:
-            for header, data in messages:
+            for m in messages:
                 seg = self._segments[-1]
-                if (not seg.can_hold(len(data), header.last_offset, self._config.segment_bytes)
+                if (not seg.can_hold(m.size, m.header.last_offset, self._config.segment_bytes)
                         or self._roll_due(seg, now)):
                     seg = self._roll_locked(now)
-                seg.append(data, header)
-                self._leo = header.next_offset
-                written += len(data)
+                seg.append(m)
+                self._leo = m.header.next_offset
+                written += m.size
         finally:
             self._publish()
         return written
@@ -494,7 +496,7 @@ class Log:
             for ref in seg.batches_from(offset, end):
                 if batches and size + ref.size > max_bytes:
                     return LogReadResult(batches, start, offset - start, size)
-                batch = seg.record_batch(ref)
+                batch = ref.batch
                 lo = offset - ref.base_offset
                 hi = min(end - ref.base_offset, ref.record_count)
                 if lo or hi < ref.record_count:
@@ -580,10 +582,10 @@ class Log:
             entry = seg.time_index.lookup(timestamp_ms)
             scan_from = max(view.log_start, entry[1] if entry else seg.base_offset)
             for ref in seg.batches_from(scan_from, view.log_end):
-                if seg.read_header(ref).max_timestamp_ms < timestamp_ms:
+                if bf.max_timestamp_ms(ref.batch) < timestamp_ms:
                     continue
                 lo = max(scan_from - ref.base_offset, 0)
-                ts = seg.record_batch(ref).column(self._ts_index).slice(lo).view(pa.int64())
+                ts = ref.batch.column(self._ts_index).slice(lo).view(pa.int64())
                 i = pc.index(pc.greater_equal(ts, timestamp_ms), True).as_py()
                 if i >= 0:
                     return ref.base_offset + lo + i, ts[i].as_py()
@@ -712,9 +714,11 @@ class Log:
                     return
                 segs = [s for s in self._segments
                         if s.next_offset > self._recovery_point and s.base_offset < target]
+                for seg in segs:
+                    seg.write_pending_index_entries()
                 generation = self._generation
             for seg in segs:
-                seg.flush()
+                seg.fsync()
             if dir_dirty:
                 fsync_dir(self._dir)
             with self._lock:
@@ -771,8 +775,15 @@ class Log:
             raise StorageError(f"the log {self._dir} is closed")
 
     def _publish(self) -> None:
-        segs = tuple(self._segments)
-        self._view = _View(segs, tuple(s.base_offset for s in segs), self._log_start, self._leo)
+        # self._segments is copy-on-write: a new list means the segments changed.
+        old = self._view
+        if self._segments is self._published_segments:
+            segs, bases = old.segments, old.bases
+        else:
+            segs = tuple(self._segments)
+            bases = tuple(s.base_offset for s in segs)
+            self._published_segments = self._segments
+        self._view = _View(segs, bases, self._log_start, self._leo)
 
     def __repr__(self) -> str:
         v = self._view

@@ -9,7 +9,9 @@ Entries point at batch starts, strictly increasing in both fields. The segment
 adds one at least every `index_interval_bytes` of appended data, so a lookup
 lands within that many bytes of any batch. The index is a cache: it is derived
 from the segment and rebuilt after an unclean stop or when it fails
-`sanity_check`.
+`sanity_check`. New entries are kept in memory and written to the file by
+`write_pending` (on flush, seal and close), which saves a syscall per entry;
+after a crash the unwritten ones are rebuilt with the rest.
 
 In memory the entries live in numpy arrays (loaded with np.fromfile, searched
 with np.searchsorted). Appends and truncations are serialised by the owning
@@ -34,6 +36,7 @@ class OffsetIndex:
         self.base_offset = base_offset
         self._state = (np.zeros(64, dtype=_DTYPE), 0)   # (array, valid entries) read as one snapshot
         self._fd: int | None = None
+        self._persisted = 0                # entries already in the file
         self._torn = False                 # file size was not a whole number of entries
 
     # ---- loading ---------------------------------------------------------------
@@ -101,7 +104,15 @@ class OffsetIndex:
             entries = grown
         entries[n] = (offset - self.base_offset, position)
         self._state = (entries, n + 1)
-        self._write(entries[n:n + 1].tobytes())
+
+    def write_pending(self) -> None:
+        """Append the entries not yet in the file."""
+        entries, n = self._state
+        if n > self._persisted:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(self._fd, entries[self._persisted:n].tobytes())
+            self._persisted = n
 
     def truncate_to_position(self, position: int) -> None:
         """Drop entries pointing at or beyond `position`; rewrites the file atomically."""
@@ -114,7 +125,7 @@ class OffsetIndex:
         """Replace all entries, given as (relative offset, position), and rewrite the
         file atomically."""
         arr = entries if isinstance(entries, np.ndarray) else np.array(entries, dtype=_DTYPE)
-        self.close()
+        self._close_fd()
         atomic_write_bytes(self.path, arr.tobytes(), sync_dir=False)
         self._torn = False
         self._set(arr)
@@ -124,22 +135,24 @@ class OffsetIndex:
         cap = np.zeros(max(64, n), dtype=_DTYPE)
         cap[:n] = entries
         self._state = (cap, n)
+        self._persisted = n
 
-    def _write(self, data: bytes) -> None:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._fd, data)
-
-    def flush(self) -> None:
+    def fsync(self) -> None:
         fsync_path(self.path)
 
     def close(self) -> None:
+        self.write_pending()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _close_fd(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
     def delete(self) -> None:
-        self.close()
+        self._close_fd()
         try:
             os.unlink(self.path)
         except FileNotFoundError:

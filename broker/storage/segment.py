@@ -12,6 +12,9 @@ rolled) ends with the end-of-stream marker, so `pyarrow.ipc.open_stream`
 reads any complete segment. Beside it: `<base>.index` (`OffsetIndex`) and
 `<base>.timeindex` (`TimeIndex`), both rebuildable caches.
 
+Writes are positional: one pwritev per message at the committed size (the
+message's pieces: its metadata plus zero-copy views of the batch buffers).
+
 mmap safety: reads hand out zero-copy slices of a `pa.memory_map` of the data
 file, so a data file never shrinks in place (touching a mapped page past EOF
 raises SIGBUS). It only grows by appends; any truncation writes the kept
@@ -36,7 +39,7 @@ import pyarrow as pa
 from replikafka.errors import CorruptRecordError, InvalidSchemaError, StorageError
 
 from . import batch_format as bf
-from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir, fsync_path, write_all
+from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir, fsync_path, pwritev_all
 from .offset_index import OffsetIndex
 from .time_index import TimeIndex
 
@@ -55,12 +58,13 @@ def segment_file_name(base_offset: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StoredBatchRef:
-    """Where one stored batch lies in its segment."""
+    """One stored batch of a segment: where it lies, and its RecordBatch (zero-copy)."""
 
     base_offset: int
     record_count: int
     position: int
     size: int
+    batch: pa.RecordBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +285,7 @@ class LogSegment:
     # ---- appending -----------------------------------------------------------
     def _open_for_append(self) -> None:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            self._fd = os.open(self.path, os.O_WRONLY)
 
     def can_hold(self, message_size: int, last_offset: int, segment_bytes: int) -> bool:
         """Whether a batch of `message_size` bytes ending at `last_offset` fits, or the
@@ -292,30 +296,35 @@ class LogSegment:
             return self.size + message_size <= MAX_SEGMENT_POSITION
         return self.size + message_size <= segment_bytes
 
-    def append(self, message, header: bf.BatchHeader) -> None:
-        """Append one stored batch message (already encoded and validated)."""
+    def append(self, message: bf.EncodedMessage) -> bf.BatchHeader:
+        """Append one stored batch (encoded and validated); an unsealed message is
+        sealed (CRC computed) first. Returns the header as written."""
         if self.sealed or self._fd is None:
             raise StorageError(f"{self.path}: append to a sealed or closed segment")
         pos = self.size
+        if not message.sealed:
+            message = message.seal(message.body_crc())
         try:
-            write_all(self._fd, message)
+            pwritev_all(self._fd, message.pieces, pos)
         except OSError as e:
             self._undo_torn_append(pos)
             raise StorageError(f"{self.path}: write failed at position {pos}: {e}") from e
-        # Index entries are written after the data, so they never point past it.
+        header = message.header
+        # Index entries are added after the data, so they never point past it.
         if self._bytes_since_index_entry > self._index_interval:
             self.offset_index.append(header.base_offset, pos)
             self._bytes_since_index_entry = 0
         self.time_index.maybe_append(header.max_timestamp_ms, header.base_offset)
-        n = len(message)
-        self._bytes_since_index_entry += n
+        self._bytes_since_index_entry += message.size
         self.next_offset = header.next_offset
-        self.size = pos + n
+        self.size = pos + message.size
+        return header
 
     def _undo_torn_append(self, committed_size: int) -> None:
         """Drop a partially written message (without shrinking the mapped file)."""
         try:
             self._rewrite(committed_size, b"")
+            self._open_for_append()
         except OSError:
             log.exception("%s: could not remove a torn append; recovery will", self.path)
 
@@ -323,7 +332,7 @@ class LogSegment:
         """Write the end-of-stream marker: the segment is now read-only."""
         if self.sealed:
             return
-        write_all(self._fd, bf.END_OF_STREAM)
+        pwritev_all(self._fd, [bf.END_OF_STREAM], self.size)
         self.size += len(bf.END_OF_STREAM)
         self.sealed = True
         self.close()
@@ -355,7 +364,10 @@ class LogSegment:
     def batches_from(self, offset: int, end_offset: int | None = None,
                      limit: int | None = None) -> Iterator[StoredBatchRef]:
         """Stored batches from the one containing `offset`, stopping before `end_offset`
-        and before position `limit` (default: the committed data end)."""
+        and before position `limit` (default: the committed data end).
+
+        Starts at the offset index entry at or below `offset` and frames forward
+        with Arrow (the bytes were validated when appended or recovered)."""
         limit = self.data_end if limit is None else limit
         end_offset = self.next_offset if end_offset is None else end_offset
         entry = self.offset_index.lookup(offset)
@@ -363,26 +375,25 @@ class LogSegment:
         if pos >= limit:
             return
         buf = self._map(limit)
+        schema = self.schema
         while pos < limit and base < end_offset:
-            info = bf.peek_message(buf, pos, limit, f"{self.path} position {pos}")
-            if info is None:
+            got = bf.read_trusted(buf, pos, limit, schema, f"{self.path} position {pos}")
+            if got is None:
                 return
-            if base + info.record_count > offset:
-                yield StoredBatchRef(base, info.record_count, pos, info.size)
-            base += info.record_count
-            pos += info.size
+            batch, size = got
+            n = batch.num_rows
+            if base + n > offset:
+                yield StoredBatchRef(base, n, pos, size, batch)
+            base += n
+            pos += size
 
     def read_header(self, ref: StoredBatchRef) -> bf.BatchHeader:
+        """The stored header (custom metadata) of a batch."""
         got = bf.read_header(self._map(ref.position + ref.size), ref.position,
                              ref.position + ref.size, f"{self.path} position {ref.position}")
         if got is None:
             raise CorruptRecordError(f"{self.path} position {ref.position}: end-of-stream marker")
         return got[0]
-
-    def record_batch(self, ref: StoredBatchRef) -> pa.RecordBatch:
-        """The stored batch as a RecordBatch, zero-copy over the mapping."""
-        return bf.record_batch_at(self._map(ref.position + ref.size), ref.position, ref.size,
-                                  self.schema)
 
     def message(self, ref: StoredBatchRef) -> pa.Buffer:
         """The stored message bytes, zero-copy over the mapping."""
@@ -404,12 +415,12 @@ class LogSegment:
         header = None
         if offset > ref.base_offset:
             whole = self.read_header(ref)
-            kept = self.record_batch(ref).slice(0, offset - ref.base_offset)
+            kept = ref.batch.slice(0, offset - ref.base_offset)
             header = bf.BatchHeader(whole.base_offset, kept.num_rows, whole.leader_epoch,
                                     bf.max_timestamp_ms(kept), whole.producer_id,
                                     whole.producer_epoch, whole.base_sequence)
             msg = encoder.encode([(kept, header)])[0]
-            header, tail = msg.header, msg.data.to_pybytes()
+            header, tail = msg.header, msg.to_bytes()
         self._rewrite(ref.position, tail)
         self.size = ref.position + len(tail)
         self.next_offset = offset
@@ -448,11 +459,22 @@ class LogSegment:
         fsync_dir(self.dir)
 
     # ---- durability and lifecycle ----------------------------------------------
-    def flush(self) -> None:
-        """fsync the data file and both indexes (by path: safe against a concurrent close)."""
+    def write_pending_index_entries(self) -> None:
+        """Put index entries kept in memory into the index files (under the Log's lock)."""
+        self.offset_index.write_pending()
+        self.time_index.write_pending()
+
+    def fsync(self) -> None:
+        """fsync the data file and both indexes by path: safe to run without the
+        Log's lock, against a concurrent close or delete."""
         fsync_path(self.path)
-        self.offset_index.flush()
-        self.time_index.flush()
+        self.offset_index.fsync()
+        self.time_index.fsync()
+
+    def flush(self) -> None:
+        """write_pending_index_entries + fsync (caller holds the Log's lock)."""
+        self.write_pending_index_entries()
+        self.fsync()
 
     def _close_fd(self) -> None:
         if self._fd is not None:
@@ -467,7 +489,9 @@ class LogSegment:
 
     def delete(self) -> None:
         """Unlink the segment's files (safe while mapped: the inode lives on until unmapped)."""
-        self.close()
+        self._close_fd()
+        self.offset_index.delete()
+        self.time_index.delete()
         for path in (self.path, self.offset_index.path, self.time_index.path):
             try:
                 os.unlink(path)

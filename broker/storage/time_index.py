@@ -13,7 +13,8 @@ record at or after T" a lookup plus a short forward scan. The last entry is
 the segment's max timestamp (used by time retention). Like the offset index it
 is a cache, rebuilt after an unclean stop or when `sanity_check` fails.
 
-In memory: numpy arrays searched with np.searchsorted. Mutations are
+New entries are kept in memory and written by `write_pending` (on flush, seal
+and close). In memory: numpy arrays searched with np.searchsorted. Mutations are
 serialised by the owning Log's lock; lookups read an immutable snapshot and
 need no lock.
 """
@@ -36,6 +37,7 @@ class TimeIndex:
         self.base_offset = base_offset
         self._state = (np.zeros(64, dtype=_DTYPE), 0)
         self._fd: int | None = None
+        self._persisted = 0                # entries already in the file
         self._torn = False
 
     # ---- loading ---------------------------------------------------------------
@@ -102,10 +104,16 @@ class TimeIndex:
             entries = grown
         entries[n] = (max_timestamp_ms, batch_offset - self.base_offset)
         self._state = (entries, n + 1)
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._fd, entries[n:n + 1].tobytes())
         return True
+
+    def write_pending(self) -> None:
+        """Append the entries not yet in the file."""
+        entries, n = self._state
+        if n > self._persisted:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(self._fd, entries[self._persisted:n].tobytes())
+            self._persisted = n
 
     def truncate_to(self, offset: int) -> None:
         """Drop entries for batches at or after `offset`; rewrites the file atomically."""
@@ -117,7 +125,7 @@ class TimeIndex:
     def reset(self, entries: np.ndarray | list[tuple[int, int]]) -> None:
         """Replace all entries, given as (timestamp, relative offset), atomically."""
         arr = entries if isinstance(entries, np.ndarray) else np.array(entries, dtype=_DTYPE)
-        self.close()
+        self._close_fd()
         atomic_write_bytes(self.path, arr.tobytes(), sync_dir=False)
         self._torn = False
         self._set(arr)
@@ -127,17 +135,22 @@ class TimeIndex:
         cap = np.zeros(max(64, n), dtype=_DTYPE)
         cap[:n] = entries
         self._state = (cap, n)
+        self._persisted = n
 
-    def flush(self) -> None:
+    def fsync(self) -> None:
         fsync_path(self.path)
 
     def close(self) -> None:
+        self.write_pending()
+        self._close_fd()
+
+    def _close_fd(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
     def delete(self) -> None:
-        self.close()
+        self._close_fd()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
