@@ -63,9 +63,8 @@ class Partition:
                 return False
             now = self.clock.time_ms()
             if self.role == LEADER and leader_epoch == self.leader_epoch:
-                # Same epoch: only the ISR or its znode version moved.
-                self.leader_state.isr = tuple(isr)
-                self.leader_state.zk_version = zk_version
+                # Same epoch: only the ISR or its znode version moved (a shrink can commit).
+                self.leader_state.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
                 self.isr, self.zk_version, self.replicas = tuple(isr), zk_version, tuple(replicas)
                 self.cond.notify_all()
                 return True
@@ -215,8 +214,7 @@ class Partition:
                 st.pending_isr = None
                 return
             self.isr, self.zk_version = tuple(isr), zk_version
-            if st.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset):
-                pass
+            st.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
             self.cond.notify_all()
 
     # ------------------------------------------------------------ follower

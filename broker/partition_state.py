@@ -96,7 +96,12 @@ class LeaderState:
         return tuple(r for r in self.replicas if r in self.isr or r in back)
 
     def on_isr_committed(self, isr: tuple[int, ...], zk_version: int, leader_leo: int) -> bool:
-        """The ISR write succeeded. Returns True when the HW advanced (a shrink can do that)."""
+        """An ISR change (our write, or the controller's) is in ZooKeeper.
+        Returns True when the HW advanced (a shrink can do that)."""
+        for r in set(self.isr) - set(isr):
+            # Forget what a removed follower had: only a fresh fetch may bring it back.
+            if r in self.progress:
+                self.progress[r].leo = -1
         self.isr = tuple(isr)
         self.zk_version = zk_version
         self.pending_isr = None

@@ -308,11 +308,10 @@ class ReplicaManager:
                                        current[0].isr if current else (), part.replicas, -1, -1)
                 else:
                     with part.lock:  # same epoch, stale version: learn it and retry next pass
-                        part.zk_version = current[1]
+                        part.zk_version, part.isr = current[1], current[0].isr
                         if part.leader_state is not None:
-                            part.leader_state.zk_version = current[1]
-                            part.leader_state.isr = current[0].isr
-                            part.isr = current[0].isr
+                            part.leader_state.on_isr_committed(current[0].isr, current[1],
+                                                               part.log.log_end_offset)
                 continue
             part.isr_change_done(new_isr, version)
             state_log.info("broker %d: %s-%d ISR -> %s (zk version %d)", self.broker_id, part.topic,

@@ -11,6 +11,7 @@ import functools
 import logging
 
 import grpc
+from kazoo.exceptions import KazooException
 
 from replikafka import errors as E
 from replikafka.protocol import replikafka_pb2 as pb
@@ -20,6 +21,12 @@ from replikafka.protocol.rpc_errors import abort, to_pb
 log = logging.getLogger("replikafka.rpc")
 
 
+def _zk_unavailable(exc: Exception) -> E.ReplikafkaError:
+    """This broker's ZooKeeper session is down or being re-established: try again (or elsewhere)."""
+    return E.BrokerNotAvailableError(f"ZooKeeper is not reachable from this broker right now "
+                                     f"({type(exc).__name__}); retry")
+
+
 def _guard(method):
     @functools.wraps(method)
     def wrapper(self, request, context):
@@ -27,6 +34,8 @@ def _guard(method):
             return method(self, request, context)
         except E.ReplikafkaError as exc:
             abort(context, exc)
+        except KazooException as exc:
+            abort(context, _zk_unavailable(exc))
         except grpc.RpcError:
             raise
         except Exception as exc:  # a bug must not take the broker down
@@ -45,6 +54,8 @@ def _admin(resp_cls):
                 return resp_cls()
             except E.ReplikafkaError as exc:
                 return resp_cls(error=to_pb(exc))
+            except KazooException as exc:
+                return resp_cls(error=to_pb(_zk_unavailable(exc)))
             except Exception as exc:
                 log.exception("%s failed", method.__name__)
                 return resp_cls(error=to_pb(E.ReplikafkaError(f"{type(exc).__name__}: {exc}")))

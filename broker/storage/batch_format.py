@@ -280,7 +280,7 @@ def decode_batch(buf, pos: int, limit: int, schema: pa.Schema, where: str = "bat
     try:
         batch = pa.ipc.read_record_batch(_as_arrow_buffer(buf).slice(pos, info.size), schema)
         batch.validate()
-    except (pa.ArrowException, ValueError, TypeError) as e:
+    except (pa.ArrowException, OSError, ValueError, TypeError) as e:
         raise CorruptRecordError(f"{where}: Arrow cannot read the batch ({e})") from None
     if batch.num_rows != header.record_count:
         raise CorruptRecordError(f"{where}: {batch.num_rows} rows, header says {header.record_count}")
@@ -307,7 +307,7 @@ def read_trusted(buf: pa.Buffer, pos: int, limit: int, schema: pa.Schema,
     try:
         message = pa.ipc.read_message(buf.slice(pos, limit - pos))
         batch = pa.ipc.read_record_batch(message, schema)
-    except (pa.ArrowException, ValueError, TypeError) as e:
+    except (pa.ArrowException, OSError, ValueError, TypeError) as e:
         raise CorruptRecordError(f"{where}: Arrow cannot read the batch ({e})") from None
     return batch, PREFIX_SIZE + meta_len + message.body.size
 
@@ -334,7 +334,7 @@ def read_schema_message(buf, limit: int, where: str = "stream") -> tuple[pa.Sche
         raise CorruptRecordError(f"{where}: torn schema message ({limit} of {size} bytes)")
     try:
         schema = pa.ipc.read_schema(_as_arrow_buffer(buf).slice(0, size))
-    except (pa.ArrowException, ValueError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:
         raise CorruptRecordError(f"{where}: unreadable schema message ({e})") from None
     return schema, size
 

@@ -205,6 +205,7 @@ class LogSegment:
         except CorruptRecordError as e:
             # A torn or unreadable schema message: nothing in the file is usable.
             self._rewrite(0, b"", schema_msg=schema_msg)
+            self.schema_size = len(schema_msg)
             self._reset_after_recovery(len(schema_msg), self.base_offset, False, 0, [], [])
             log.warning("recovery of %s: dropped all %d bytes: %s", self.path, limit, e)
             return RecoveryResult(0, limit, str(e))

@@ -58,3 +58,14 @@ def test_a_follower_that_keeps_up_with_a_moving_leo_stays_in_sync():
         s.on_follower_fetch(3, leo + 10, leader_leo=leo + 10, now_ms=t)
         leo += 10
     assert s.isr_to_shrink(now_ms=t, leader_leo=leo, lag_time_ms_max=10_000) is None
+
+
+def test_a_removed_follower_needs_a_fresh_fetch_before_it_can_rejoin():
+    s = leader(now=0)
+    s.on_follower_fetch(2, 10, leader_leo=10, now_ms=1)
+    s.on_follower_fetch(3, 10, leader_leo=10, now_ms=1)
+    # The controller takes the (dead) follower 3 out; its old LEO must not bring it back.
+    s.on_isr_committed((1, 2), 5, leader_leo=10)
+    assert s.isr_to_expand() is None
+    s.on_follower_fetch(3, 10, leader_leo=10, now_ms=2)
+    assert s.isr_to_expand() == (1, 2, 3)

@@ -1,0 +1,192 @@
+"""Replication under faults, against real processes (issue 4).
+
+Each test records every acknowledged (partition, offset, value), then reads
+everything back through the consumer and from every replica's files.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import replikafka
+from cluster_helpers import BackgroundProducer, kafka_batch, read_committed, replica_values, wait_until
+from replikafka import errors as E
+
+pytestmark = pytest.mark.integration
+
+
+def describe(admin, topic):
+    return admin.describe_topic(topic).partitions
+
+
+def leader_of(admin, topic, p):
+    return describe(admin, topic)[p].leader
+
+
+def check_no_acked_loss_and_replicas_agree(cluster, topic, partitions, acked, brokers=None):
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    # Quiesce: wait until every replica is back in the ISR and HW == LEO.
+    wait_until(lambda: all(len(p.isr) == len(p.replicas) and p.high_watermark == p.log_end_offset
+                           for p in describe(admin, topic)), 60, what="full ISR and HW == LEO")
+    committed = read_committed(cluster.bootstrap_servers, topic, partitions)
+    lost = {k: v for k, v in acked.items() if committed.get(k) != v}
+    assert not lost, f"{len(lost)} acknowledged records lost or changed, e.g. {list(lost.items())[:3]}"
+    parts = describe(admin, topic)
+    for p in range(partitions):
+        hw = parts[p].high_watermark
+        expected = [committed[(p, o)] for o in range(hw)]
+        for b in (brokers or cluster.ids):
+            if b in parts[p].replicas:
+                got = replica_values(cluster, b, topic, p)[:hw]
+                assert got == expected, f"replica on broker {b} of {topic}-{p} differs below the HW {hw}"
+    admin.close()
+    return committed
+
+
+def test_kill_leader_during_acks_all_then_five_hard_bounces(cluster_factory):
+    cluster = cluster_factory(3)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("durable", partitions=2, replication_factor=3, config={"min.insync.replicas": "2"})
+    prod = BackgroundProducer(cluster.bootstrap_servers, "durable", 2).start()
+    time.sleep(1.0)
+    for bounce in range(6):  # the first kill, then 5 hard bounces of whoever leads partition 0
+        victim = leader_of(admin, "durable", 0)
+        before = prod.sent
+        cluster.kill(victim)
+        wait_until(lambda: leader_of(admin, "durable", 0) not in (victim, -1), 30, what="a new leader")
+        cluster.start_broker(victim)
+        wait_until(lambda: prod.sent > before + 200, 60, what="produce to continue")
+    log = prod.stop()
+    assert len(log.acked) > 1000
+    committed = check_no_acked_loss_and_replicas_agree(cluster, "durable", 2, log.acked)
+    # Offsets are dense: nothing reused, no holes below the HW.
+    for p in range(2):
+        offs = sorted(o for (pp, o) in committed if pp == p)
+        assert offs == list(range(len(offs)))
+    admin.close()
+
+
+def test_idempotent_producer_writes_no_duplicates_across_leader_changes(cluster_factory):
+    cluster = cluster_factory(3)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("once", partitions=1, replication_factor=3)
+    prod = BackgroundProducer(cluster.bootstrap_servers, "once", 1, idempotent=True).start()
+    time.sleep(0.5)
+    for _ in range(2):
+        victim = leader_of(admin, "once", 0)
+        cluster.kill(victim)
+        wait_until(lambda: leader_of(admin, "once", 0) not in (victim, -1), 30, what="a new leader")
+        cluster.start_broker(victim)
+        time.sleep(0.5)
+    log = prod.stop()
+    committed = check_no_acked_loss_and_replicas_agree(cluster, "once", 1, log.acked)
+    values = list(committed.values())
+    assert len(values) == len(set(values)), "a value was written twice"
+    admin.close()
+
+
+def test_isr_below_min_insync_refuses_acks_all_and_heals(cluster_factory):
+    cluster = cluster_factory(3)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("strict", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    leader = leader_of(admin, "strict", 0)
+    others = [b for b in cluster.ids if b != leader]
+    with replikafka.Producer(cluster.bootstrap_servers, acks="all", delivery_timeout_ms=4000,
+                             request_timeout_ms=2000) as prod:
+        first = prod.send("strict", kafka_batch([b"a"] * 10)).result(timeout=30)
+        for b in others:
+            cluster.kill(b)
+        wait_until(lambda: describe(admin, "strict")[0].isr == (leader,) or list(describe(admin, "strict")[0].isr)
+                   == [leader], 30, what="ISR = leader only")
+        with pytest.raises(E.ReplikafkaError) as info:
+            print("unexpected:", prod.send("strict", kafka_batch([b"b"] * 10)).result(timeout=30))
+        assert "NOT_ENOUGH_REPLICAS" in str(info.value) or isinstance(info.value, E.NotEnoughReplicasError)
+    for b in others:
+        cluster.start_broker(b)
+    wait_until(lambda: len(describe(admin, "strict")[0].isr) == 3, 60, what="ISR to heal")
+    with replikafka.Producer(cluster.bootstrap_servers, acks="all") as prod:
+        after = prod.send("strict", kafka_batch([b"c"] * 10)).result(timeout=30)
+    committed = read_committed(cluster.bootstrap_servers, "strict", 1)
+    assert [committed[(0, o)] for o in range(first.base_offset, first.base_offset + 10)] == [b"a"] * 10
+    assert [committed[(0, o)] for o in range(after.base_offset, after.base_offset + 10)] == [b"c"] * 10
+    admin.close()
+
+
+def test_paused_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster_factory):
+    # A long session timeout so that the leader's lag check, not ZooKeeper, removes it.
+    cluster = cluster_factory(3, zookeeper_session_timeout_ms=30000, replica_lag_time_max_ms=2000)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("lag", partitions=1, replication_factor=3)
+    leader = leader_of(admin, "lag", 0)
+    slow = next(b for b in cluster.ids if b != leader)
+    with replikafka.Producer(cluster.bootstrap_servers, acks="1") as prod:
+        cluster.pause(slow)
+        try:
+            for i in range(30):
+                prod.send("lag", kafka_batch([f"x{i}".encode()] * 50)).result(timeout=30)
+                time.sleep(0.1)
+            wait_until(lambda: slow not in describe(admin, "lag")[0].isr, 30, what="ISR to shrink")
+        finally:
+            cluster.resume(slow)
+    wait_until(lambda: slow in describe(admin, "lag")[0].isr, 30, what="ISR to re-expand")
+    check_no_acked_loss_and_replicas_agree(cluster, "lag", 1, {})
+    admin.close()
+
+
+def test_zombie_leader_paused_past_its_session_cannot_commit(cluster_factory):
+    cluster = cluster_factory(3)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("zombie", partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    old = leader_of(admin, "zombie", 0)
+    with replikafka.Producer(cluster.bootstrap_servers, acks="all") as prod:
+        prod.send("zombie", kafka_batch([b"before"] * 5)).result(timeout=30)
+    cluster.pause(old)
+    try:
+        wait_until(lambda: leader_of(admin, "zombie", 0) not in (old, -1), 40, what="a new leader")
+    finally:
+        cluster.resume(old)
+    # The resumed old leader must refuse (or redirect) writes; clients land on the new leader.
+    with replikafka.Producer(cluster.address(old), acks="all") as prod:
+        meta = prod.send("zombie", kafka_batch([b"after"] * 5)).result(timeout=60)
+    new = leader_of(admin, "zombie", 0)
+    assert new != old or describe(admin, "zombie")[0].leader_epoch >= 2
+    wait_until(lambda: len(describe(admin, "zombie")[0].isr) == 3, 60, what="old leader back in the ISR")
+    committed = read_committed(cluster.bootstrap_servers, "zombie", 1)
+    assert [committed[(0, o)] for o in range(5)] == [b"before"] * 5
+    assert [committed[(0, o)] for o in range(meta.base_offset, meta.base_offset + 5)] == [b"after"] * 5
+    check_no_acked_loss_and_replicas_agree(cluster, "zombie", 1, {})
+    admin.close()
+
+
+@pytest.mark.parametrize("unclean", [False, True])
+def test_all_isr_members_dead(cluster_factory, unclean):
+    cluster = cluster_factory(3, replica_lag_time_max_ms=1500)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("fragile", partitions=1, replication_factor=2,
+                       config={"unclean.leader.election.enable": str(unclean).lower()})
+    leader = leader_of(admin, "fragile", 0)
+    follower = next(b for b in describe(admin, "fragile")[0].replicas if b != leader)
+    with replikafka.Producer(cluster.bootstrap_servers, acks="all") as prod:
+        prod.send("fragile", kafka_batch([b"both"] * 10)).result(timeout=30)
+        # Stop the follower; the leader shrinks the ISR to itself and takes more writes.
+        cluster.kill(follower)
+        wait_until(lambda: list(describe(admin, "fragile")[0].isr) == [leader], 30, what="ISR shrink")
+        prod.send("fragile", kafka_batch([b"leader-only"] * 10)).result(timeout=30)
+    cluster.kill(leader)
+    cluster.start_broker(follower)
+    if not unclean:
+        # Offline, not led by the stale follower.
+        time.sleep(2)
+        assert leader_of(admin, "fragile", 0) == -1
+        cluster.start_broker(leader)
+        wait_until(lambda: leader_of(admin, "fragile", 0) == leader, 30, what="the ISR member to lead again")
+        committed = read_committed(cluster.bootstrap_servers, "fragile", 1)
+        assert list(committed.values()) == [b"both"] * 10 + [b"leader-only"] * 10
+    else:
+        wait_until(lambda: leader_of(admin, "fragile", 0) == follower, 30, what="unclean election")
+        committed = read_committed(cluster.bootstrap_servers, "fragile", 1)
+        assert list(committed.values()) == [b"both"] * 10  # the loss, measured
+        controller_logs = "".join(cluster.tail(b, 400) for b in cluster.ids)
+        assert "UNCLEAN leader election" in controller_logs
+    admin.close()
