@@ -104,6 +104,7 @@ class BrokerServer:
     # ------------------------------------------------------------ start
     def start(self) -> None:
         cfg = self.config
+        self._open_state_change_log()
         self.zk = KazooClient(hosts=cfg.get("zookeeper.connect"),
                               timeout=cfg.get("zookeeper.session.timeout.ms") / 1000.0)
         self.zk.start(timeout=cfg.get("zookeeper.connection.timeout.ms") / 1000.0)
@@ -127,7 +128,9 @@ class BrokerServer:
                                               self.fetchers, self.clock)
         self.admin_manager = AdminManager(cfg, self.store, self.metadata)
         self._serve_grpc()
-        self.store.register_broker(self.broker_id, self.endpoint.host, self.endpoint.port)
+        # A previous incarnation's ephemeral node lives until its session times out.
+        self.store.register_broker(self.broker_id, self.endpoint.host, self.endpoint.port,
+                                   wait_s=2 * cfg.get("zookeeper.session.timeout.ms") / 1000.0 + 5)
         self.controller = Controller(self.broker_id, self.store,
                                      unclean_default=cfg.get("unclean.leader.election.enable"),
                                      request_timeout_s=cfg.get("controller.socket.timeout.ms") / 1000.0)
@@ -139,6 +142,18 @@ class BrokerServer:
                    min(cfg.get("log.retention.check.interval.ms"), cfg.get("log.flush.scheduler.interval.ms"), 1000))
         self._loop("zk-session", self._session_work, 100)
         log.info("broker %d serving on %s:%d", self.broker_id, self.endpoint.host, self.endpoint.port)
+
+    def _open_state_change_log(self) -> None:
+        """Every LeaderAndIsr / StopReplica / state transition this broker receives or
+        makes goes to ``<first log dir>/state-change.log`` (``state-change-log-merger`` reads them)."""
+        d = list(self.config.get("log.dirs"))[0]
+        os.makedirs(d, exist_ok=True)
+        handler = logging.FileHandler(os.path.join(d, "state-change.log"))
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s"))
+        logger = logging.getLogger("replikafka.state.change")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        self.state_change_handler = handler
 
     def _topic_log_config(self, topic: str):
         """A topic's LogConfig while loading its logs (broker defaults if it was deleted)."""

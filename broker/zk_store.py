@@ -82,19 +82,32 @@ class ZkStore:
             self.zk.ensure_path(p)
 
     # ------------------------------------------------------------ brokers
-    def register_broker(self, broker_id: int, host: str, port: int) -> None:
+    def register_broker(self, broker_id: int, host: str, port: int, wait_s: float = 0.0) -> None:
+        """Create the ephemeral ``/brokers/ids/[id]``. A node left by our previous
+        incarnation (killed, its session not expired yet) goes away by itself
+        within the session timeout: wait up to ``wait_s`` for that, then fail
+        naming the conflict (two live brokers with one id)."""
         data = _json({"host": host, "port": port, "timestamp": str(int(time.time() * 1000))})
         path = f"{BROKER_IDS}/{broker_id}"
-        try:
-            self.zk.create(path, data, ephemeral=True, makepath=True)
-        except NodeExistsError:
-            # Our own node from an old session that has not expired yet, or a
-            # live broker with the same id: only the former may be replaced.
-            _, stat = self.zk.get(path)
-            if stat.ephemeralOwner != self.zk.client_id[0]:
-                from replikafka.errors import InvalidConfigError
-                raise InvalidConfigError(
-                    f"broker.id={broker_id} is already registered by another live broker session") from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.zk.create(path, data, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                try:
+                    _, stat = self.zk.get(path)
+                except NoNodeError:
+                    continue
+                if stat.ephemeralOwner == self.zk.client_id[0]:
+                    self.zk.set(path, data)
+                    return
+                if time.monotonic() >= deadline:
+                    from replikafka.errors import InvalidConfigError
+                    raise InvalidConfigError(
+                        f"broker.id={broker_id} is already registered in ZooKeeper by another session "
+                        f"(another live broker with this id?)") from None
+                time.sleep(0.2)
 
     def live_brokers(self, watch=None) -> dict[int, tuple[str, int]]:
         out = {}
