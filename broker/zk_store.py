@@ -109,15 +109,20 @@ class ZkStore:
                         f"(another live broker with this id?)") from None
                 time.sleep(0.2)
 
-    def live_brokers(self, watch=None) -> dict[int, tuple[str, int]]:
+    def live_brokers(self, watch=None, epochs: dict[int, int] | None = None) -> dict[int, tuple[str, int]]:
+        """Registered brokers: id -> (host, port). If ``epochs`` is given it is filled
+        with each registration's czxid (the broker epoch): a changed value means the
+        broker restarted, even if the controller never saw it gone."""
         out = {}
         for child in self.zk.get_children(BROKER_IDS, watch=watch):
             try:
-                data, _ = self.zk.get(f"{BROKER_IDS}/{child}")
+                data, stat = self.zk.get(f"{BROKER_IDS}/{child}")
             except NoNodeError:
                 continue
             d = json.loads(data)
             out[int(child)] = (d["host"], int(d["port"]))
+            if epochs is not None:
+                epochs[int(child)] = stat.czxid
         return out
 
     # ------------------------------------------------------------ controller

@@ -42,6 +42,7 @@ class ControllerContext:
     epoch: int = 0
     epoch_zk_version: int = -1
     live: dict[int, tuple[str, int]] = field(default_factory=dict)
+    broker_epochs: dict[int, int] = field(default_factory=dict)
     topics: dict[str, TopicMeta] = field(default_factory=dict)
     states: dict[TP, tuple[LeaderAndIsr, int]] = field(default_factory=dict)
     deleting: set[str] = field(default_factory=set)
@@ -148,7 +149,7 @@ class Controller:
     def _failover(self) -> None:
         ctx = self.ctx
         self.store.ensure_paths()
-        ctx.live = self.store.live_brokers(watch=self._watch("broker_change"))
+        ctx.live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=ctx.broker_epochs)
         self.channels.set_brokers(ctx.live)
         for t in self.store.list_topics(watch=self._watch("topic_change")):
             self._load_topic(t)
@@ -183,11 +184,15 @@ class Controller:
         if not self.active:
             return
         ctx = self.ctx
-        live = self.store.live_brokers(watch=self._watch("broker_change"))
+        epochs: dict[int, int] = {}
+        live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=epochs)
         old = set(ctx.live)
-        ctx.live = live
+        # Restarted between two looks (its old session expired and it re-registered):
+        # it lost its in-memory state, so it is new to us.
+        bounced = {b for b in set(live) & old if epochs.get(b) != ctx.broker_epochs.get(b)}
+        ctx.live, ctx.broker_epochs = live, epochs
         self.channels.set_brokers(live)
-        new, dead = set(live) - old, old - set(live)
+        new, dead = (set(live) - old) | bounced, old - set(live)
         if dead:
             log.info("controller: brokers %s failed", sorted(dead))
         if new:
