@@ -1,0 +1,94 @@
+"""Getting Spark's Python workers to run replikafka.
+
+Two things must hold before the JVM starts (that is, before the first
+``SparkSession`` is built in this process), or the first ``format("replikafka")``
+fails inside a worker:
+
+1. The workers run an interpreter in which replikafka (and pyarrow, grpc) is
+   installed. Spark starts workers with ``$PYSPARK_PYTHON``, defaulting to
+   whatever ``python3`` is on the PATH — often a system Python without
+   pyarrow. :func:`prepare_spark_environment` sets it to this process's
+   interpreter when it is unset (``./build.sh`` exports it too).
+2. pyspark finds ``pyspark_replikafka`` with ``pkgutil.iter_modules()``. A
+   regular install puts it in site-packages, where that works. An editable
+   install (``pip install -e .``, as ``./build.sh`` does) maps packages through
+   an import hook that ``iter_modules`` cannot list, so the data source would
+   be importable but never registered. In that case this module puts a small
+   directory holding only a link to the package on the workers'
+   ``PYTHONPATH``.
+
+:func:`local_session` does both and builds a local session; anything else
+(``spark-submit``, a cluster) should set ``PYSPARK_PYTHON`` /
+``spark.pyspark.python`` to an interpreter with replikafka installed.
+"""
+from __future__ import annotations
+
+import os
+import pkgutil
+import sys
+import tempfile
+from pathlib import Path
+
+PACKAGE = "pyspark_replikafka"
+
+
+def _discoverable() -> bool:
+    return any(m.name == PACKAGE for m in pkgutil.iter_modules())
+
+
+def _package_dir() -> Path | None:
+    here = Path(__file__).resolve().parent / PACKAGE
+    return here if (here / "__init__.py").exists() else None
+
+
+def shim_dir() -> Path | None:
+    """A directory whose only entry links to the ``pyspark_replikafka`` package
+    (created on first use), or None when no source tree is at hand."""
+    pkg = _package_dir()
+    if pkg is None:
+        return None
+    base = Path(tempfile.gettempdir()) / f"replikafka-spark-path-{os.getuid()}"
+    link = base / PACKAGE
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+        if link.is_symlink() and Path(os.readlink(link)) != pkg:
+            link.unlink()
+        if not link.exists():
+            link.symlink_to(pkg, target_is_directory=True)
+    except OSError:
+        return None
+    return base
+
+
+def prepare_spark_environment(env: dict | None = None) -> dict[str, str]:
+    """Set ``PYSPARK_PYTHON`` (if unset) and, for an editable install, the
+    workers' ``PYTHONPATH``; returns what it changed. Call it before the first
+    SparkSession of the process is created."""
+    env = os.environ if env is None else env
+    changed: dict[str, str] = {}
+    if not env.get("PYSPARK_PYTHON"):
+        env["PYSPARK_PYTHON"] = changed["PYSPARK_PYTHON"] = sys.executable
+    if not _discoverable():
+        shim = shim_dir()
+        if shim is not None:
+            parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            if str(shim) not in parts:
+                env["PYTHONPATH"] = changed["PYTHONPATH"] = os.pathsep.join([str(shim)] + parts)
+    return changed
+
+
+def local_session(app_name: str = "replikafka", master: str = "local[2]", conf: dict | None = None):
+    """A local ``SparkSession`` whose workers can run replikafka."""
+    prepare_spark_environment()
+    from pyspark.sql import SparkSession
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {
+        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
+        "spark.sql.shuffle.partitions": "4",
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    settings.update(conf or {})
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
