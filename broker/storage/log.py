@@ -472,16 +472,24 @@ class Log:
         OffsetOutOfRangeError.
         """
         projection = self._projection(columns)
+        return self._on_current_view(lambda view: self._read_view(
+            view, start_offset, max_bytes, max_offset_exclusive, projection))
+
+    def _on_current_view(self, read):
+        """Run `read(view)` on the current view, lock-free. If a concurrent truncation
+        or deletion pulled files from under the view (a missing or rewritten file),
+        wait for that mutation to finish by taking the lock once, then retry on the
+        view it published. The same error on an unchanged view is real: raise it."""
         for _ in range(3):
             view = self._view
             try:
-                return self._read_view(view, start_offset, max_bytes, max_offset_exclusive, projection)
+                return read(view)
             except (OSError, CorruptRecordError):
+                with self._lock:
+                    pass
                 if self._view is view:
                     raise
-                # A truncation or deletion replaced files under this view: retry on the new one.
-        view = self._view
-        return self._read_view(view, start_offset, max_bytes, max_offset_exclusive, projection)
+        return read(self._view)
 
     def _read_view(self, view: _View, start: int, max_bytes: int, max_offset: int | None,
                    projection: list[str] | None) -> LogReadResult:
@@ -512,14 +520,7 @@ class Log:
         """Whole stored batch messages from the one containing `start_offset`, as an
         IPC stream (schema message first) for replica fetch; at least one batch.
         At the log end: data b"" and record_count 0."""
-        for _ in range(3):
-            view = self._view
-            try:
-                return self._read_raw_view(view, start_offset, max_bytes)
-            except (OSError, CorruptRecordError):
-                if self._view is view:
-                    raise
-        return self._read_raw_view(self._view, start_offset, max_bytes)
+        return self._on_current_view(lambda view: self._read_raw_view(view, start_offset, max_bytes))
 
     def _read_raw_view(self, view: _View, start: int, max_bytes: int) -> RawReadResult:
         self._check_range(start, view)
@@ -565,7 +566,8 @@ class Log:
 
     def batch_headers(self, from_offset: int = 0) -> Iterator[bf.BatchHeader]:
         """Headers of the stored batches holding offsets >= `from_offset`, oldest first
-        (for rebuilding producer state)."""
+        (for rebuilding producer state). Iterates a snapshot; a truncation or
+        deletion running meanwhile may make it raise."""
         view = self._view
         start = max(from_offset, view.log_start)
         for seg in self._segments_from(view, start):
@@ -575,7 +577,9 @@ class Log:
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the earliest record with timestamp >= `timestamp_ms`,
         at or after the log start; None if there is none."""
-        view = self._view
+        return self._on_current_view(lambda view: self._offset_for_timestamp(view, timestamp_ms))
+
+    def _offset_for_timestamp(self, view: _View, timestamp_ms: int) -> tuple[int, int] | None:
         for seg in view.segments:
             if seg.max_timestamp_ms < timestamp_ms or seg.next_offset <= view.log_start:
                 continue
@@ -606,12 +610,14 @@ class Log:
                 self._publish()
                 return True
             kept = [s for s in self._segments if s.base_offset < offset]
-            for seg in self._segments[len(kept):]:
-                seg.delete()
+            doomed = self._segments[len(kept):]
             last = kept[-1]
             if last.next_offset > offset:
-                last.truncate_to(offset, self._encoder)
+                kept[-1] = last.truncate_to(offset, self._encoder)
             else:
+                # The new active segment may take a doomed segment's file name.
+                self._delete_segment_files(doomed)
+                doomed = []
                 kept.append(self._new_segment(offset))
             self._segments = kept
             self._leo = offset
@@ -620,6 +626,7 @@ class Log:
             self._generation += 1
             self._epoch_cache.truncate_from_end(offset)
             self._publish()
+            self._delete_segment_files(doomed)
             return True
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -632,8 +639,7 @@ class Log:
             self._publish()
 
     def _truncate_fully_locked(self, offset: int) -> None:
-        for seg in self._segments:
-            seg.delete()
+        self._delete_segment_files(self._segments)
         self._segments = [self._new_segment(offset)]
         self._leo = self._log_start = self._recovery_point = offset
         self._generation += 1
@@ -648,10 +654,12 @@ class Log:
                 raise OffsetOutOfRangeError(f"cannot delete records before {offset}: beyond the "
                                             f"log end offset {self._leo} of {self._dir}")
             if offset > self._log_start:
+                doomed = [s for s in self._segments[:-1] if s.next_offset <= offset]
                 self._log_start = offset
-                self._delete_front([s for s in self._segments[:-1] if s.next_offset <= offset])
+                self._segments = self._segments[len(doomed):]
                 self._epoch_cache.truncate_from_start(self._log_start)
                 self._publish()
+                self._delete_segment_files(doomed)
             return self._log_start
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
@@ -677,10 +685,11 @@ class Log:
                 doomed += 1
             if not doomed:
                 return 0
-            self._delete_front(sealed[:doomed])
+            self._segments = self._segments[doomed:]
             self._log_start = max(self._log_start, self._segments[0].base_offset)
             self._epoch_cache.truncate_from_start(self._log_start)
-            self._publish()
+            self._publish()     # before unlinking: readers of the new view never miss a file
+            self._delete_segment_files(sealed[:doomed])
             return doomed
 
     @staticmethod
@@ -694,13 +703,11 @@ class Log:
         except FileNotFoundError:
             return -1
 
-    def _delete_front(self, doomed: list[LogSegment]) -> None:
-        if not doomed:
-            return
-        self._segments = self._segments[len(doomed):]
+    def _delete_segment_files(self, doomed: Sequence[LogSegment]) -> None:
         for seg in doomed:
             seg.delete()
-        self._dir_dirty = True
+        if doomed:
+            self._dir_dirty = True
 
     # ---- durability and lifecycle ----------------------------------------------
     def flush(self, up_to: int | None = None) -> None:

@@ -28,6 +28,7 @@ were given and re-map under a small lock of their own.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -94,6 +95,7 @@ class LogSegment:
         self._fd: int | None = None
         self._buf: pa.Buffer | None = None    # current read-only mapping of the data file
         self._map_lock = threading.Lock()
+        self._retired = False                 # deleted or replaced by a truncated copy
 
     # ---- creation and loading --------------------------------------------------
     @classmethod
@@ -347,6 +349,9 @@ class LogSegment:
         with self._map_lock:
             buf = self._buf
             if buf is None or buf.size < need_end:
+                if self._retired:
+                    # The path now holds another file (or none): the reader's view is stale.
+                    raise FileNotFoundError(errno.ENOENT, "segment was deleted or replaced", self.path)
                 mm = pa.memory_map(self.path, "r")
                 try:
                     buf = mm.read_buffer()
@@ -401,13 +406,16 @@ class LogSegment:
         return self._map(ref.position + ref.size).slice(ref.position, ref.size)
 
     # ---- truncation ------------------------------------------------------------
-    def truncate_to(self, offset: int, encoder: bf.BatchEncoder) -> None:
-        """Keep only records below `offset` (base_offset <= offset < next_offset).
+    def truncate_to(self, offset: int, encoder: bf.BatchEncoder) -> "LogSegment":
+        """Keep only records below `offset` (base_offset < offset < next_offset);
+        returns the segment object that now owns the files.
 
         A batch that straddles `offset` is re-encoded with its first rows (same
         epoch and producer fields, new count, CRC and max timestamp). The kept
-        bytes go to a new file renamed over the old one, which leaves the
-        segment unsealed: it becomes the active segment.
+        bytes go to a new file renamed over the old one, unsealed: it becomes
+        the active segment. This object is retired, not changed: readers still
+        holding it keep a consistent old picture (its index with its mapping)
+        and never pair its index with the new file.
         """
         ref = next(self.batches_from(offset), None)
         if ref is None:
@@ -422,17 +430,31 @@ class LogSegment:
                                     whole.producer_epoch, whole.base_sequence)
             msg = encoder.encode([(kept, header)])[0]
             header, tail = msg.header, msg.to_bytes()
+        offset_entries = [(o - self.base_offset, p) for o, p in self.offset_index.entries()
+                          if p < ref.position]
+        time_entries = [(t, o - self.base_offset) for t, o in self.time_index.entries()
+                        if o < ref.base_offset]
+        self._retire()
         self._rewrite(ref.position, tail)
-        self.size = ref.position + len(tail)
-        self.next_offset = offset
-        self.sealed = False
-        self.offset_index.truncate_to_position(ref.position)
-        self.time_index.truncate_to(ref.base_offset)
+        seg = LogSegment(self.dir, self.base_offset, self.schema, self.schema_size,
+                         self._index_interval, self.created_ms)
+        seg.size = ref.position + len(tail)
+        seg.next_offset = offset
+        seg.offset_index.reset(offset_entries)
+        seg.time_index.reset(time_entries)
         if header is not None:
-            self.time_index.maybe_append(header.max_timestamp_ms, header.base_offset)
-        last = self.offset_index.last_entry()
-        self._bytes_since_index_entry = self.size - (last[1] if last else self.schema_size)
-        self._open_for_append()
+            seg.time_index.maybe_append(header.max_timestamp_ms, header.base_offset)
+        seg._bytes_since_index_entry = seg.size - (offset_entries[-1][1] if offset_entries
+                                                   else seg.schema_size)
+        seg._open_for_append()
+        return seg
+
+    def _retire(self) -> None:
+        """This object no longer owns its path (deleted or replaced): close the
+        descriptors and never map the path again. A mapping it already holds
+        stays valid for readers still using it."""
+        self._retired = True
+        self.close()
 
     def _rewrite(self, keep: int, tail: bytes, schema_msg: bytes | None = None) -> None:
         """Replace the data file by its first `keep` bytes + `tail` (or, with
@@ -455,8 +477,9 @@ class LogSegment:
             os.fsync(dst.fileno())
         self._close_fd()
         os.replace(tmp, self.path)
-        with self._map_lock:
-            self._buf = None
+        if not self._retired:
+            with self._map_lock:
+                self._buf = None    # map the new file on the next read
         fsync_dir(self.dir)
 
     # ---- durability and lifecycle ----------------------------------------------
@@ -489,17 +512,16 @@ class LogSegment:
         self.time_index.close()
 
     def delete(self) -> None:
-        """Unlink the segment's files (safe while mapped: the inode lives on until unmapped)."""
+        """Unlink the segment's files (safe while mapped: the inode lives on until
+        unmapped). Readers holding this object keep any mapping it already has."""
+        self._retired = True
         self._close_fd()
         self.offset_index.delete()
         self.time_index.delete()
-        for path in (self.path, self.offset_index.path, self.time_index.path):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        with self._map_lock:
-            self._buf = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
 
     def __repr__(self) -> str:
         state = "sealed" if self.sealed else "active"

@@ -1,0 +1,185 @@
+"""The stored-batch message: encode, decode, CRC, framing of torn or bad bytes."""
+from __future__ import annotations
+
+import crc32c
+import pyarrow as pa
+import pytest
+
+from replikafka.broker.storage import batch_format as bf
+from replikafka.errors import CorruptRecordError
+
+from storage_testlib import SCHEMA, T0, TS, make_batch
+
+
+def stream_of(*messages: bf.EncodedMessage) -> pa.Buffer:
+    return pa.py_buffer(bf.schema_message(SCHEMA) + b"".join(m.to_bytes() for m in messages))
+
+
+def header(base=10, count=5, **kw) -> bf.BatchHeader:
+    return bf.BatchHeader(base, count, kw.pop("leader_epoch", 3), kw.pop("max_ts", T0 + base + count - 1), **kw)
+
+
+def test_round_trip_keeps_header_and_records():
+    batch = make_batch(10, 5)
+    h = header(producer_id=77, producer_epoch=2, base_sequence=40)
+    msg = bf.encode_batch(batch, h)
+    buf = stream_of(msg)
+    pos = len(bf.schema_message(SCHEMA))
+    decoded = bf.decode_batch(buf, pos, buf.size, SCHEMA, expected_base_offset=10)
+    assert decoded.size == msg.size
+    assert decoded.batch.equals(batch)
+    assert decoded.header == msg.header
+    assert (decoded.header.producer_id, decoded.header.producer_epoch, decoded.header.base_sequence) == (77, 2, 40)
+    assert decoded.header.last_offset == 14 and decoded.header.next_offset == 15
+
+
+def test_crc_is_crc32c_of_the_body_and_placeholder_is_gone():
+    msg = bf.encode_batch(make_batch(0, 7), header(0, 7))
+    data = msg.to_bytes()
+    assert bf.CRC_PLACEHOLDER not in data
+    meta_len = int.from_bytes(data[4:8], "little")
+    body = data[8 + meta_len:]
+    assert msg.header.crc32c == crc32c.crc32c(body)
+    assert (b"%08x" % msg.header.crc32c) in data[:8 + meta_len]
+
+
+def test_pyarrow_stream_reader_sees_the_same_custom_metadata():
+    msgs = bf.BatchEncoder(SCHEMA).encode([(make_batch(0, 3), header(0, 3)),
+                                            (make_batch(3, 4), header(3, 4, leader_epoch=9))])
+    reader = pa.ipc.open_stream(stream_of(*msgs))
+    for msg in msgs:
+        batch, meta = reader.read_next_batch_with_custom_metadata()
+        assert batch.num_rows == msg.header.record_count
+        assert meta[b"rk.base_offset"] == str(msg.header.base_offset).encode()
+        assert meta[b"rk.leader_epoch"] == str(msg.header.leader_epoch).encode()
+        assert int(meta[b"rk.crc32c"], 16) == msg.header.crc32c
+        assert sorted(k.decode() for k in meta.keys()) == sorted(bf.HEADER_KEYS)
+
+
+def test_encoder_reuses_its_writer_and_messages_are_independent():
+    enc = bf.BatchEncoder(SCHEMA)
+    first = enc.encode([(make_batch(0, 2), header(0, 2))])[0].to_bytes()
+    second = enc.encode([(make_batch(2, 2), header(2, 2))])[0].to_bytes()
+    # Each message stands alone (no schema message in front of any of them).
+    assert first.startswith(b"\xff\xff\xff\xff") and second.startswith(b"\xff\xff\xff\xff")
+    assert bf.encode_batch(make_batch(0, 2), header(0, 2)).to_bytes() == first
+
+
+def test_unsealed_message_seals_to_the_same_bytes():
+    enc = bf.BatchEncoder(SCHEMA)
+    unsealed = enc.encode([(make_batch(0, 4), header(0, 4))], seal=False)[0]
+    assert not unsealed.sealed
+    sealed = unsealed.seal(unsealed.body_crc())
+    assert sealed.to_bytes() == bf.encode_batch(make_batch(0, 4), header(0, 4)).to_bytes()
+
+
+def test_sliced_batch_encodes_only_its_rows():
+    batch = make_batch(0, 10).slice(3, 4)
+    msg = bf.encode_batch(batch, header(3, 4, max_ts=bf.max_timestamp_ms(batch)))
+    buf = stream_of(msg)
+    decoded = bf.decode_batch(buf, len(bf.schema_message(SCHEMA)), buf.size, SCHEMA)
+    assert decoded.batch.column("value").to_pylist() == batch.column("value").to_pylist()
+
+
+@pytest.mark.parametrize("stamps,expected", [
+    ([5, 9, 7], 9),
+    ([None, 4, None], 4),
+    ([None, None], -1),
+])
+def test_max_timestamp(stamps, expected):
+    batch = pa.record_batch([pa.array([None] * len(stamps), pa.binary()),
+                             pa.array([b"v"] * len(stamps)),
+                             pa.array(stamps, pa.int64()).view(TS)], schema=SCHEMA)
+    assert bf.max_timestamp_ms(batch) == expected
+
+
+def test_max_timestamp_of_a_slice_looks_only_at_the_slice():
+    batch = make_batch(0, 10, ts=[1, 2, 3, 100, 4, 5, 6, 7, 8, 9])
+    assert bf.max_timestamp_ms(batch.slice(4)) == 9
+    assert bf.max_timestamp_ms(batch.slice(0, 3)) == 3
+
+
+def test_body_corruption_fails_the_crc():
+    msg = bf.encode_batch(make_batch(0, 5), header(0, 5))
+    data = bytearray(bf.schema_message(SCHEMA) + msg.to_bytes())
+    data[-20] ^= 0x01
+    with pytest.raises(CorruptRecordError, match="CRC-32C mismatch"):
+        bf.decode_batch(pa.py_buffer(bytes(data)), len(bf.schema_message(SCHEMA)), len(data), SCHEMA)
+
+
+def test_wrong_base_offset_is_named():
+    msg = bf.encode_batch(make_batch(0, 5), header(0, 5))
+    buf = stream_of(msg)
+    with pytest.raises(CorruptRecordError, match="base offset 0, expected 7"):
+        bf.decode_batch(buf, len(bf.schema_message(SCHEMA)), buf.size, SCHEMA, expected_base_offset=7)
+
+
+def test_metadata_that_disagrees_with_the_data_is_caught():
+    # Claims a larger max timestamp than the records hold.
+    msg = bf.encode_batch(make_batch(0, 5), header(0, 5, max_ts=T0 + 999))
+    buf = stream_of(msg)
+    with pytest.raises(CorruptRecordError, match="max timestamp"):
+        bf.decode_batch(buf, len(bf.schema_message(SCHEMA)), buf.size, SCHEMA)
+    # Claims more records than the RecordBatch has.
+    msg = bf.encode_batch(make_batch(0, 5), header(0, 6))
+    buf = stream_of(msg)
+    with pytest.raises(CorruptRecordError, match="record count"):
+        bf.decode_batch(buf, len(bf.schema_message(SCHEMA)), buf.size, SCHEMA)
+
+
+def test_every_cut_of_a_message_is_reported_as_corrupt():
+    msg = bf.encode_batch(make_batch(0, 3), header(0, 3)).to_bytes()
+    schema_msg = bf.schema_message(SCHEMA)
+    for cut in range(1, len(msg)):
+        data = pa.py_buffer(schema_msg + msg[:cut])
+        with pytest.raises(CorruptRecordError):
+            bf.decode_batch(data, len(schema_msg), data.size, SCHEMA)
+        with pytest.raises(CorruptRecordError):
+            bf.peek_message(data, len(schema_msg), data.size)
+
+
+def test_garbage_is_reported_as_corrupt(tmp_path):
+    import random
+    rng = random.Random(5)
+    schema_msg = bf.schema_message(SCHEMA)
+    for _ in range(300):
+        junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
+        if rng.random() < 0.5:
+            junk = b"\xff\xff\xff\xff" + junk     # get past the continuation check
+        data = pa.py_buffer(schema_msg + junk)
+        with pytest.raises(CorruptRecordError):
+            bf.decode_batch(data, len(schema_msg), data.size, SCHEMA)
+
+
+def test_end_of_stream_marker():
+    data = pa.py_buffer(bf.schema_message(SCHEMA) + bf.END_OF_STREAM)
+    pos = len(bf.schema_message(SCHEMA))
+    assert bf.is_end_of_stream(data, pos, data.size)
+    assert bf.decode_batch(data, pos, data.size, SCHEMA) is None
+    assert bf.peek_message(data, pos, data.size) is None
+    assert bf.read_trusted(data, pos, data.size, SCHEMA) is None
+
+
+def test_peek_and_read_trusted_agree_with_decode():
+    msgs = bf.BatchEncoder(SCHEMA).encode([(make_batch(0, 3), header(0, 3)),
+                                            (make_batch(3, 8), header(3, 8))])
+    buf = stream_of(*msgs)
+    pos = len(bf.schema_message(SCHEMA))
+    for msg in msgs:
+        info = bf.peek_message(buf, pos, buf.size)
+        batch, size = bf.read_trusted(buf, pos, buf.size, SCHEMA)
+        got, _ = bf.read_header(buf, pos, buf.size)
+        assert info.size == size == msg.size
+        assert info.record_count == batch.num_rows == msg.header.record_count
+        assert got == msg.header
+        pos += size
+
+
+def test_read_schema_message():
+    schema_msg = bf.schema_message(SCHEMA)
+    schema, size = bf.read_schema_message(schema_msg, len(schema_msg))
+    assert schema.equals(SCHEMA) and size == len(schema_msg)
+    with pytest.raises(CorruptRecordError):
+        bf.read_schema_message(schema_msg[:-3], len(schema_msg) - 3)
+    with pytest.raises(CorruptRecordError):
+        bf.read_schema_message(b"\x00" * 64, 64)
