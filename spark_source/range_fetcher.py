@@ -90,6 +90,7 @@ class ReadStats:
     """What one range read went through (for logs and tests)."""
     fetches: int = 0
     records: int = 0
+    bytes: int = 0
     retries: int = 0
     waits: int = 0
     skipped: int = 0
@@ -206,6 +207,7 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
                 else:
                     sleep(EMPTY_ANSWER_PAUSE_S)   # the broker already held the fetch; do not spin
                 continue
+            stats.bytes += len(part.records)
             base = part.records_base_offset
             if base > pos:
                 raise E.CorruptRecordError(f"{where()}: asked for offset {pos}, the broker answered from {base}")

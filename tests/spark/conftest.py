@@ -1,0 +1,100 @@
+"""Fixtures for the Spark source tests.
+
+``spark_cluster``  session: one 3-broker cluster (real processes, real
+                   ZooKeeper: the suite's session server, own chroot) shared
+                   by the Spark tests; tests use their own topics. A test that
+                   kills a broker restarts it before it ends.
+``spark``          session: ONE local SparkSession (local[2], 2 shuffle
+                   partitions), made through ``replikafka.spark.local_session``
+                   which sets PYSPARK_PYTHON to this interpreter and makes
+                   ``pyspark_replikafka`` findable, so ``format("replikafka")``
+                   works with no register call.
+``topics``         per test: ``topics.new(partitions=3, schema=None, config=None)``
+                   -> a fresh topic name; ``topics.produce(...)``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+import pytest
+
+import zk_harness
+from replikafka.local_cluster import LocalCluster
+from spark_helpers import TopicTool
+
+SPARK_CLUSTER_OVERRIDES = {
+    "zookeeper.session.timeout.ms": "4000",
+    # Long enough that a test can hold followers back (SIGSTOP) and see a HW below the LEO.
+    "replica.lag.time.max.ms": "15000",
+    "num.partitions": "3",
+}
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(zk_server, _zk_admin, tmp_path_factory):
+    chroot = zk_harness.new_chroot(_zk_admin, "spark")
+    base = tmp_path_factory.mktemp("spark-cluster")
+    cluster = LocalCluster(str(base / "cluster"), 3, zookeeper_connect=zk_server.connect_string + chroot,
+                           overrides=SPARK_CLUSTER_OVERRIDES, die_with_parent=True)
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    yield cluster
+    try:
+        cluster.stop()
+    finally:
+        for bid in cluster.ids:
+            print(f"---- broker {bid} log tail ----\n{cluster.tail(bid, 10)}")
+
+
+@pytest.fixture
+def own_cluster(tmp_path, zk_connect):
+    """``own_cluster(**overrides)``: a separate 3-broker cluster for a test that
+    takes brokers down in ways the shared one should not see."""
+    made = []
+
+    def make(**overrides):
+        c = LocalCluster(str(tmp_path / f"own{len(made)}"), 3, zookeeper_connect=zk_connect,
+                         overrides={**SPARK_CLUSTER_OVERRIDES, **overrides}, die_with_parent=True)
+        made.append(c)
+        c.start()
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(spark_cluster) -> str:
+    return spark_cluster.bootstrap_servers
+
+
+@pytest.fixture
+def topics(spark_cluster, request):
+    tool = TopicTool(spark_cluster, request.node.name)
+    yield tool
+    tool.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from replikafka.spark import local_session
+    session = local_session("replikafka-tests", "local[2]", {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.sql.streaming.stopTimeout": "10s",
+    })
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return str(tmp_path / f"checkpoint-{uuid.uuid4().hex[:6]}")
