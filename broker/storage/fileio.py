@@ -70,6 +70,29 @@ def pwritev_all(fd: int, pieces, position: int) -> int:
     return total
 
 
+def write_new_file(path: str, data) -> int:
+    """Create `path` holding `data` and return a write descriptor to it, without
+    fsync. Never truncates an existing file in place (it might be mapped): an
+    existing one is unlinked first, so the new file is a new inode."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        os.unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def replace_cache_file(path: str, data) -> None:
+    """Rewrite a derived file (an index) without fsync: it is rebuilt from the data
+    after a crash, and fsynced with its segment when the log flushes."""
+    os.close(write_new_file(path, data))
+
+
 def atomic_write_bytes(path: str, data, *, sync_dir: bool = True) -> None:
     """Replace `path` with `data` atomically and durably (tmp, fsync, rename, fsync dir).
 

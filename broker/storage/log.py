@@ -230,11 +230,18 @@ class Log:
             log.warning("%s: deleting segment %d, past the end of the valid log", self._dir, seg.base_offset)
             seg.delete()
             stats["deleted_segments"] += 1
-        self._segments = kept
+        if kept and kept[-1].sealed and kept[-1].is_empty:
+            # An empty sealed segment (a marker written into an empty active one):
+            # the new active segment takes its place and its file name.
+            empty = kept.pop()
+            empty.delete()
+            recovered = [seg for seg in recovered if seg is not empty]
+            stats["deleted_segments"] += 1
         if not kept:
-            self._segments = [self._new_segment(log_start_offset)]
+            kept = [self._new_segment(max(log_start_offset, bases[0] if bases else 0))]
         elif kept[-1].sealed:
-            self._segments = kept + [self._new_segment(kept[-1].next_offset)]
+            kept = kept + [self._new_segment(kept[-1].next_offset)]
+        self._segments = kept
         self._leo = self._segments[-1].next_offset
         self._log_start = max(log_start_offset, self._segments[0].base_offset)
         # What the scan validated becomes durable, so the recovery point can move to the end.

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from .fileio import atomic_write_bytes, fsync_path
+from .fileio import fsync_path, replace_cache_file
 
 ENTRY_SIZE = 8
 _DTYPE = np.dtype([("rel", "<u4"), ("pos", "<u4")])
@@ -115,7 +115,7 @@ class OffsetIndex:
             self._persisted = n
 
     def truncate_to_position(self, position: int) -> None:
-        """Drop entries pointing at or beyond `position`; rewrites the file atomically."""
+        """Drop entries pointing at or beyond `position`; rewrites the file (no fsync: a cache, fsynced with its segment on flush)."""
         entries, n = self._state
         keep = int(np.searchsorted(entries["pos"][:n], position, side="left"))
         if keep != n:
@@ -123,10 +123,10 @@ class OffsetIndex:
 
     def reset(self, entries: np.ndarray | list[tuple[int, int]]) -> None:
         """Replace all entries, given as (relative offset, position), and rewrite the
-        file atomically."""
+        file (no fsync: a cache, fsynced with its segment on flush)."""
         arr = entries if isinstance(entries, np.ndarray) else np.array(entries, dtype=_DTYPE)
         self._close_fd()
-        atomic_write_bytes(self.path, arr.tobytes(), sync_dir=False)
+        replace_cache_file(self.path, arr.tobytes())
         self._torn = False
         self._set(arr)
 

@@ -40,7 +40,7 @@ import pyarrow as pa
 from replikafka.errors import CorruptRecordError, InvalidSchemaError, StorageError
 
 from . import batch_format as bf
-from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir, fsync_path, pwritev_all
+from .fileio import TMP_SUFFIX, fsync_dir, fsync_path, pwritev_all, write_new_file
 from .offset_index import OffsetIndex
 from .time_index import TimeIndex
 
@@ -103,12 +103,11 @@ class LogSegment:
                index_interval_bytes: int, created_ms: int) -> "LogSegment":
         """A new empty segment: the data file holds only the schema message."""
         seg = cls(directory, base_offset, schema, len(schema_msg), index_interval_bytes, created_ms)
-        # Written via tmp + rename so a crash never leaves a torn schema message;
-        # the directory fsync is left to the next log flush.
-        atomic_write_bytes(seg.path, schema_msg, sync_dir=False)
+        # No fsync here (the log's next flush fsyncs the file and the directory);
+        # a schema message torn by a crash is repaired by recovery.
+        seg._fd = write_new_file(seg.path, schema_msg)
         seg.offset_index.reset([])
         seg.time_index.reset([])
-        seg._open_for_append()
         return seg
 
     @classmethod
@@ -147,7 +146,7 @@ class LogSegment:
         try:
             self.check_schema(self.read_file_schema())
         except CorruptRecordError as e:
-            return str(e)
+            return e.message
         self.offset_index.load()
         problem = self.offset_index.sanity_check(self.schema_size, self.size)
         if problem:
@@ -178,7 +177,7 @@ class LogSegment:
             try:
                 info = bf.peek_message(buf, pos, limit, f"{self.path} position {pos}")
             except CorruptRecordError as e:
-                return str(e)
+                return e.message
             if info is None:
                 if pos + len(bf.END_OF_STREAM) != limit:
                     return f"{self.path}: bytes after the end-of-stream marker at {pos}"
@@ -209,8 +208,8 @@ class LogSegment:
             self._rewrite(0, b"", schema_msg=schema_msg)
             self.schema_size = len(schema_msg)
             self._reset_after_recovery(len(schema_msg), self.base_offset, False, 0, [], [])
-            log.warning("recovery of %s: dropped all %d bytes: %s", self.path, limit, e)
-            return RecoveryResult(0, limit, str(e))
+            log.warning("recovery of %s: dropped all %d bytes: %s", self.path, limit, e.message)
+            return RecoveryResult(0, limit, e.message)
         buf = self._map(limit)
         reason = None
         offset_entries: list[tuple[int, int]] = []
@@ -222,7 +221,7 @@ class LogSegment:
             try:
                 decoded = bf.decode_batch(buf, pos, limit, self.schema, where, offset)
             except CorruptRecordError as e:
-                reason = str(e)
+                reason = e.message
                 break
             if decoded is None:
                 sealed = True

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from .fileio import atomic_write_bytes, fsync_path
+from .fileio import fsync_path, replace_cache_file
 
 ENTRY_SIZE = 12
 _DTYPE = np.dtype([("ts", "<i8"), ("rel", "<u4")])   # packed: itemsize 12
@@ -116,7 +116,7 @@ class TimeIndex:
             self._persisted = n
 
     def truncate_to(self, offset: int) -> None:
-        """Drop entries for batches at or after `offset`; rewrites the file atomically."""
+        """Drop entries for batches at or after `offset`; rewrites the file (no fsync: a cache, fsynced with its segment on flush)."""
         entries, n = self._state
         keep = int(np.searchsorted(entries["rel"][:n], offset - self.base_offset, side="left"))
         if keep != n:
@@ -126,7 +126,7 @@ class TimeIndex:
         """Replace all entries, given as (timestamp, relative offset), atomically."""
         arr = entries if isinstance(entries, np.ndarray) else np.array(entries, dtype=_DTYPE)
         self._close_fd()
-        atomic_write_bytes(self.path, arr.tobytes(), sync_dir=False)
+        replace_cache_file(self.path, arr.tobytes())
         self._torn = False
         self._set(arr)
 

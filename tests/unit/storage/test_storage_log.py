@@ -562,3 +562,22 @@ def test_concurrent_reads_during_truncation_return_correct_records(tmp_path):
     assert not errors, errors[0]
     assert reads[0] > 0
     assert read_values(log) == values(0, log.log_end_offset)
+
+
+def test_end_of_stream_marker_in_an_empty_active_segment(tmp_path):
+    """Found by the recovery fuzz: an empty active segment that gained an
+    end-of-stream marker must not leave two segments with one base offset."""
+    log = open_log(tmp_path / "t-0")
+    fill(log, 3)
+    log.roll()
+    active = log.segments()[-1].path
+    log.close()
+    with open(active, "ab") as f:
+        f.write(bf.END_OF_STREAM + b"junk")
+    log = open_log(tmp_path / "t-0")
+    bases = [s.base_offset for s in log.segments()]
+    assert len(bases) == len(set(bases)) and log.log_end_offset == 15
+    fill(log, 1)
+    log.close()
+    log = open_log(tmp_path / "t-0", clean=True)
+    assert read_values(log) == values(0, 20)

@@ -1,0 +1,195 @@
+"""LogManager: log dirs, loading with and without a clean shutdown, maintenance, checkpoints."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from replikafka.broker.storage import (CLEAN_SHUTDOWN_FILE, LogConfig, LogManager, ManualClock,
+                                       OffsetCheckpointFile)
+from replikafka.errors import InvalidTopicError, StorageError, UnknownTopicOrPartitionError
+
+from storage_testlib import SCHEMA, T0, TINY, fill, make_batch, read_values
+
+
+def manager(dirs, clock=None, config=TINY, **kw) -> LogManager:
+    return LogManager([str(d) for d in dirs], config, clock=clock or ManualClock(T0), **kw)
+
+
+def test_create_spreads_logs_over_dirs_and_close_writes_checkpoints(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    lm = manager([a, b])
+    logs = {p: lm.get_or_create_log("orders", p, SCHEMA) for p in range(4)}
+    assert lm.get_or_create_log("orders", 0, SCHEMA) is logs[0]
+    assert sorted(os.path.dirname(log.dir) for log in logs.values()) == [str(a), str(a), str(b), str(b)]
+    for log in logs.values():
+        fill(log, 3)
+    logs[1].delete_records_before(4)
+    lm.close()
+    for d in (a, b):
+        assert (d / CLEAN_SHUTDOWN_FILE).exists()
+    rp = {**OffsetCheckpointFile(str(a / "recovery-point-offset-checkpoint")).read(),
+          **OffsetCheckpointFile(str(b / "recovery-point-offset-checkpoint")).read()}
+    assert rp == {("orders", p): 15 for p in range(4)}
+    starts = {**OffsetCheckpointFile(str(a / "log-start-offset-checkpoint")).read(),
+              **OffsetCheckpointFile(str(b / "log-start-offset-checkpoint")).read()}
+    assert starts[("orders", 1)] == 4 and starts[("orders", 0)] == 0
+
+
+def test_clean_restart_skips_recovery_and_removes_the_marker(tmp_path):
+    lm = manager([tmp_path])
+    fill(lm.get_or_create_log("t", 0, SCHEMA), 8)
+    lm.close()
+    lm = manager([tmp_path])
+    assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    log = lm.get_log("t", 0)
+    assert log.load_stats["recovered_segments"] == 0
+    assert read_values(log)[-1] == b"value-39"
+    lm.close()
+
+
+CRASHING_BROKER = """
+import os, sys
+sys.path.insert(0, {testdir!r})
+from replikafka.broker.storage import LogManager, ManualClock
+from storage_testlib import SCHEMA, T0, TINY, fill
+lm = LogManager([{logdir!r}], TINY, clock=ManualClock(T0))
+log = lm.get_or_create_log("t", 0, SCHEMA)
+fill(log, 6)
+log.flush()
+lm.checkpoint_recovery_points()      # recovery point 30 on disk
+fill(log, 4)
+print(log.segments()[-1].path)
+sys.stdout.flush()
+os._exit(0)                          # die without close(): no clean-shutdown marker
+"""
+
+
+def test_unclean_restart_recovers_from_the_recovery_point(tmp_path):
+    script = CRASHING_BROKER.format(testdir=os.path.dirname(__file__), logdir=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    active = out.stdout.strip()
+    assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    with open(active, "ab") as f:
+        f.write(b"\xff\xff\xff\xff\x10\x00\x00\x00torn")    # a torn write at the end
+    lm = manager([tmp_path])
+    log = lm.get_log("t", 0)
+    assert log.log_end_offset == 50
+    assert log.load_stats["truncated_bytes"] == 12
+    assert 0 < log.load_stats["recovered_segments"] < len(log.segments())
+    assert read_values(log) == [f"value-{o}".encode() for o in range(50)]
+    lm.close()
+
+
+def test_schema_comes_from_disk_or_from_the_provider(tmp_path):
+    lm = manager([tmp_path])
+    fill(lm.get_or_create_log("t", 0, SCHEMA), 2)
+    lm.close()
+    seen = []
+    lm = manager([tmp_path], topic_schema=lambda topic: seen.append(topic) or SCHEMA)
+    assert seen == ["t"] and lm.get_log("t", 0).schema.equals(SCHEMA)
+    lm.close()
+    lm = manager([tmp_path])
+    assert lm.get_log("t", 0).schema.equals(SCHEMA)
+    lm.close()
+
+
+def test_topic_config_provider_is_used(tmp_path):
+    big = LogConfig(segment_bytes=10**6)
+    lm = manager([tmp_path], topic_config=lambda t: big if t == "big" else TINY)
+    assert lm.get_or_create_log("big", 0, SCHEMA).config is big
+    assert lm.get_or_create_log("small", 0, SCHEMA).config is TINY
+    lm.close()
+
+
+def test_delete_log(tmp_path):
+    lm = manager([tmp_path])
+    fill(lm.get_or_create_log("gone", 3, SCHEMA), 2)
+    lm.get_or_create_log("kept", 0, SCHEMA)
+    lm.delete_log("gone", 3)
+    assert lm.get_log("gone", 3) is None and not (tmp_path / "gone-3").exists()
+    with pytest.raises(UnknownTopicOrPartitionError):
+        lm.delete_log("gone", 3)
+    lm.close()
+    assert ("gone", 3) not in OffsetCheckpointFile(str(tmp_path / "recovery-point-offset-checkpoint")).read()
+
+
+def test_half_deleted_dirs_are_removed_and_strays_ignored(tmp_path):
+    lm = manager([tmp_path])
+    fill(lm.get_or_create_log("t", 0, SCHEMA), 1)
+    lm.close()
+    (tmp_path / "t-1.0123abcd-delete").mkdir()
+    (tmp_path / "t-1.0123abcd-delete" / "00000000000000000000.arrows").write_bytes(b"x")
+    (tmp_path / "not a partition").mkdir()
+    lm = manager([tmp_path])
+    assert set(lm.logs()) == {("t", 0)}
+    assert not (tmp_path / "t-1.0123abcd-delete").exists()
+    lm.close()
+
+
+def test_a_log_dir_is_owned_by_one_manager(tmp_path):
+    lm = manager([tmp_path])
+    with pytest.raises(StorageError, match="in use"):
+        manager([tmp_path])
+    lm.close()
+    manager([tmp_path]).close()
+
+
+def test_illegal_topic_names(tmp_path):
+    lm = manager([tmp_path])
+    for topic, p in [("a b", 0), ("", 0), ("x/y", 0), ("ok", -1)]:
+        with pytest.raises(InvalidTopicError):
+            lm.get_or_create_log(topic, p, SCHEMA)
+    lm.close()
+
+
+def test_high_watermark_checkpoint_round_trip(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    lm = manager([a, b])
+    lm.get_or_create_log("t", 0, SCHEMA)
+    lm.get_or_create_log("t", 1, SCHEMA)
+    lm.checkpoint_high_watermarks({("t", 0): 10, ("t", 1): 20, ("unknown", 0): 5})
+    assert lm.read_high_watermarks() == {("t", 0): 10, ("t", 1): 20}
+    lm.close()
+
+
+def test_do_work_applies_retention_roll_flush_and_checkpoints(tmp_path):
+    clock = ManualClock(T0)
+    config = LogConfig(segment_bytes=2048, segment_ms=10_000, retention_ms=60_000,
+                       flush_interval_ms=5_000)
+    lm = manager([tmp_path], clock=clock, config=config)
+    log = lm.get_or_create_log("t", 0, SCHEMA)
+    fill(log, 8)                                   # timestamps ~T0, several segments
+    first = lm.do_work()
+    assert first["flushed"] == 1                    # rolled segments are flushed promptly
+    assert log.recovery_point == log.segments()[-1].base_offset
+    assert OffsetCheckpointFile(str(tmp_path / "recovery-point-offset-checkpoint")).read() == \
+        {("t", 0): log.recovery_point}
+    clock.advance(10_000)
+    second = lm.do_work()
+    assert second["rolled"] == 1 and second["flushed"] == 1
+    assert log.recovery_point == log.log_end_offset == 40
+    clock.advance(60_000)
+    log.append([make_batch(40, 1, ts0=clock.time_ms() - 40)], 0)
+    third = lm.do_work()
+    assert third["deleted_segments"] >= 1
+    assert log.log_start_offset == 40
+    assert OffsetCheckpointFile(str(tmp_path / "log-start-offset-checkpoint")).read() == {("t", 0): 40}
+    lm.close()
+
+
+def test_background_thread_runs_and_stops(tmp_path):
+    lm = manager([tmp_path], config=LogConfig(segment_bytes=2048, flush_interval_ms=0))
+    log = lm.get_or_create_log("t", 0, SCHEMA)
+    lm.start_background(interval_ms=10)
+    fill(log, 3)
+    deadline = time.monotonic() + 10
+    while log.recovery_point < 15 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log.recovery_point == 15
+    lm.stop_background()
+    assert lm._thread is None
+    lm.close()
