@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from replikafka import errors as E
 from replikafka.client.connection import ConnectionPool, annotated, parse_bootstrap
-from replikafka.client.metadata import ClusterMetadata, TopicInfo
+from replikafka.client.metadata import ClusterMetadata
 from replikafka.client.offsets import EARLIEST, LATEST, TopicPartition, ensure_partitions, group_by_leader, list_offsets
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import from_pb
@@ -155,6 +155,14 @@ class Consumer:
     def partitions_for(self, topic: str) -> list[int]:
         """The topic's partition ids (refreshing metadata if it is not cached)."""
         return sorted(self._metadata.require_topic(topic).partitions)
+
+    def topic_schema(self, topic: str) -> pa.Schema:
+        """The topic's own schema (its columns, without ``timestamp``)."""
+        return self._metadata.require_topic(topic).schema
+
+    def schema_for(self, topic: str) -> pa.Schema:
+        """The schema :meth:`poll` returns for ``topic`` (with this consumer's projection)."""
+        return output_schema(self.topic_schema(topic), self._columns)
 
     # ------------------------------------------------------------ positions
     def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -362,7 +370,3 @@ class Consumer:
             return pa.concat_tables(tables)
         return pa.concat_tables(tables, promote_options="default")
 
-    # also usable by tests / tools: the schema poll() returns for a topic
-    def schema_for(self, topic: str) -> pa.Schema:
-        info: TopicInfo = self._metadata.require_topic(topic)
-        return output_schema(info.schema, self._columns)

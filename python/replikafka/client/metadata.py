@@ -22,6 +22,11 @@ from replikafka.protocol.rpc_errors import from_pb
 from replikafka.records import KAFKA_SCHEMA, schema_from_bytes, stored_schema, topic_schema_of
 
 
+# A broker answers Metadata from its cache at once; one that does not within
+# this time is likely hung (e.g. stopped), so the next candidate is tried.
+METADATA_ATTEMPT_S = 5.0
+
+
 @dataclass(frozen=True)
 class BrokerInfo:
     id: int
@@ -196,9 +201,13 @@ class ClusterMetadata:
                         break
                     try:
                         response = self._pool.call(target, "Metadata", request,
-                                                   min(remaining, self._request_timeout_s))
+                                                   min(remaining, self._request_timeout_s, METADATA_ATTEMPT_S))
                     except E.ReplikafkaError as exc:
                         last = exc
+                        continue
+                    if not response.brokers:
+                        # A broker that just started has no metadata yet (not even itself).
+                        last = E.LeaderNotAvailableError(f"broker {target} has no cluster metadata yet")
                         continue
                     self._apply(response, request)
                     return

@@ -241,6 +241,10 @@ class Producer:
         """The topic's partition ids (refreshing metadata if it is not cached)."""
         return sorted(self._metadata.require_topic(topic).partitions)
 
+    def topic_schema(self, topic: str) -> pa.Schema:
+        """The topic's own schema (its columns, without ``timestamp``)."""
+        return self._metadata.require_topic(topic).schema
+
     def __enter__(self) -> "Producer":
         return self
 

@@ -1,0 +1,230 @@
+"""`replikafka topics`: create, list, describe, delete and alter topics (as kafka-topics.sh).
+
+    replikafka topics --bootstrap-server H:P --create --topic T --partitions N --replication-factor R
+                      [--config k=v ...] [--schema SCHEMA] [--if-not-exists]
+    replikafka topics --bootstrap-server H:P --list
+    replikafka topics --bootstrap-server H:P --describe [--topic T]
+                      [--under-replicated-partitions] [--unavailable-partitions]
+    replikafka topics --bootstrap-server H:P --delete --topic T [--if-exists]
+    replikafka topics --bootstrap-server H:P --alter --topic T --partitions N
+
+``--zookeeper H:P`` may replace ``--bootstrap-server``: the live brokers are
+read from ``/brokers/ids`` and used as bootstrap servers.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from replikafka import errors as E
+
+_ACTIONS = ("create", "list", "describe", "delete", "alter")
+
+
+def add_parser(sub, name):
+    p = sub.add_parser(name, help="create, list, describe, delete or alter topics")
+    p.add_argument("--bootstrap-server", metavar="H:P", help="brokers to connect to (comma-separated)")
+    p.add_argument("--zookeeper", metavar="H:P", help="find the brokers through this ZooKeeper")
+    for action in _ACTIONS:
+        p.add_argument(f"--{action}", action="store_true", help=f"{action} topics")
+    p.add_argument("--topic", help="the topic")
+    p.add_argument("--partitions", type=int, help="number of partitions (--create, --alter)")
+    p.add_argument("--replication-factor", type=int, help="replicas per partition (--create)")
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="topic config override (--create; repeatable)")
+    p.add_argument("--schema", help="the topic's schema: a Spark DDL string or a JSON description (--create)")
+    p.add_argument("--if-not-exists", action="store_true", help="--create: do nothing if the topic exists")
+    p.add_argument("--if-exists", action="store_true", help="--delete/--alter/--describe: do nothing if it does not")
+    p.add_argument("--under-replicated-partitions", action="store_true",
+                   help="--describe: only partitions whose ISR is smaller than their replicas")
+    p.add_argument("--unavailable-partitions", action="store_true",
+                   help="--describe: only partitions without a live leader")
+    p.set_defaults(func=run)
+
+
+class UsageError(Exception):
+    """A bad flag combination (exit 2)."""
+
+
+def run(args) -> int:
+    try:
+        action = _check(args)
+    except UsageError as exc:
+        sys.stderr.write(f"replikafka topics: error: {exc}\n")
+        return 2
+    from replikafka.client.admin import Admin
+
+    with Admin(bootstrap_from(args.bootstrap_server, args.zookeeper)) as admin:
+        return _ACTION_FUNCS[action](admin, args)
+
+
+def _check(args) -> str:
+    chosen = [a for a in _ACTIONS if getattr(args, a)]
+    if len(chosen) != 1:
+        raise UsageError("give exactly one of --create, --list, --describe, --delete, --alter"
+                         + (f" (got {', '.join('--' + a for a in chosen)})" if chosen else ""))
+    action = chosen[0]
+    if not args.bootstrap_server and not args.zookeeper:
+        raise UsageError("--bootstrap-server (or --zookeeper) is required")
+    if action in ("create", "delete", "alter") and not args.topic:
+        raise UsageError(f"--topic is required with --{action}")
+    if action == "create":
+        if args.partitions is None:
+            raise UsageError("--partitions is required with --create")
+        if args.replication_factor is None:
+            raise UsageError("--replication-factor is required with --create")
+        if args.partitions < 1:
+            raise UsageError(f"--partitions must be at least 1, got {args.partitions}")
+        if args.replication_factor < 1:
+            raise UsageError(f"--replication-factor must be at least 1, got {args.replication_factor}")
+    elif action == "alter":
+        if args.partitions is None:
+            raise UsageError("--partitions is required with --alter")
+        if args.partitions < 1:
+            raise UsageError(f"--partitions must be at least 1, got {args.partitions}")
+    for flag, allowed in (("partitions", ("create", "alter")), ("replication_factor", ("create",)),
+                          ("schema", ("create",)), ("if_not_exists", ("create",)),
+                          ("under_replicated_partitions", ("describe",)), ("unavailable_partitions", ("describe",)),
+                          ("if_exists", ("delete", "alter", "describe"))):
+        value = getattr(args, flag)
+        if value not in (None, False) and action not in allowed:
+            raise UsageError(f"--{flag.replace('_', '-')} cannot be used with --{action}")
+    if args.config and action != "create":
+        raise UsageError(f"--config cannot be used with --{action}")
+    if action == "list" and args.topic:
+        raise UsageError("--topic cannot be used with --list")
+    parse_config(args.config)
+    return action
+
+
+def parse_config(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--config {item!r} is not KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def bootstrap_from(bootstrap_server: str | None, zookeeper: str | None) -> str:
+    """The bootstrap list: ``--bootstrap-server`` if given, else the live
+    brokers registered in ZooKeeper under ``/brokers/ids``."""
+    if bootstrap_server:
+        return bootstrap_server
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    zk = KazooClient(hosts=zookeeper, timeout=10.0)
+    try:
+        zk.start(timeout=10)
+    except KazooTimeoutError:
+        raise E.BrokerNotAvailableError(f"cannot connect to ZooKeeper at {zookeeper}") from None
+    try:
+        ids = zk.get_children("/brokers/ids") if zk.exists("/brokers/ids") else []
+        endpoints = []
+        for bid in sorted(ids, key=lambda s: int(s) if s.isdigit() else s):
+            try:
+                data, _ = zk.get(f"/brokers/ids/{bid}")
+                info = json.loads(data)
+                endpoints.append(f"{info['host']}:{info['port']}")
+            except Exception:  # a broker that vanished meanwhile, or a malformed registration
+                continue
+    finally:
+        zk.stop()
+        zk.close()
+    if not endpoints:
+        raise E.BrokerNotAvailableError(f"no live brokers are registered in ZooKeeper at {zookeeper}")
+    return ",".join(endpoints)
+
+
+# ------------------------------------------------------------ actions
+def _create(admin, args) -> int:
+    try:
+        admin.create_topic(args.topic, partitions=args.partitions, replication_factor=args.replication_factor,
+                           schema=args.schema, config=parse_config(args.config))
+    except E.TopicExistsError:
+        if args.if_not_exists:
+            return 0
+        raise
+    print(f"Created topic {args.topic}.")
+    return 0
+
+
+def _list(admin, args) -> int:
+    for name in admin.list_topics():
+        print(name)
+    return 0
+
+
+def _delete(admin, args) -> int:
+    try:
+        admin.delete_topic(args.topic)
+    except E.UnknownTopicOrPartitionError:
+        if args.if_exists:
+            return 0
+        raise
+    print(f"Deleted topic {args.topic}.")
+    return 0
+
+
+def _alter(admin, args) -> int:
+    try:
+        admin.create_partitions(args.topic, args.partitions)
+    except E.UnknownTopicOrPartitionError:
+        if args.if_exists:
+            return 0
+        raise
+    print(f"Topic {args.topic} now has {args.partitions} partitions.")
+    return 0
+
+
+def _describe(admin, args) -> int:
+    try:
+        topics = admin.describe_topics([args.topic] if args.topic else None)
+    except E.UnknownTopicOrPartitionError:
+        if args.if_exists:
+            return 0
+        raise
+    live = {b.id for b in admin.describe_cluster().brokers}
+    only_filtered = args.under_replicated_partitions or args.unavailable_partitions
+    lines = []
+    for t in topics:
+        if not only_filtered:
+            lines.append(format_topic_header(t))
+        for p in t.partitions:
+            unavailable = p.leader < 0 or p.leader not in live
+            if args.under_replicated_partitions and not p.under_replicated:
+                continue
+            if args.unavailable_partitions and not unavailable:
+                continue
+            lines.append(format_partition_line(t.name, p))
+    if lines:
+        print("\n".join(lines))
+    return 0
+
+
+_ACTION_FUNCS = {"create": _create, "list": _list, "describe": _describe, "delete": _delete, "alter": _alter}
+
+
+def format_topic_header(t) -> str:
+    from replikafka.records import is_kafka_shaped
+
+    configs = ",".join(f"{k}={v}" for k, v in sorted(t.config.items()))
+    line = (f"Topic: {t.name}\tPartitionCount: {len(t.partitions)}\t"
+            f"ReplicationFactor: {t.replication_factor}\tConfigs: {configs}")
+    if not is_kafka_shaped(t.schema):
+        line += "\tSchema: " + ", ".join(f"{f.name} {f.type}" for f in t.schema)
+    return line
+
+
+def format_partition_line(topic: str, p) -> str:
+    """Kafka's describe layout (``\\tTopic: t\\tPartition: 0\\tLeader: 1\\tReplicas: 1,2,3\\tIsr: 1,2,3``)
+    followed by the leader epoch and, when the leader answered, HW and LEO."""
+    leader = str(p.leader) if p.leader >= 0 else "none"
+    line = (f"\tTopic: {topic}\tPartition: {p.partition}\tLeader: {leader}\t"
+            f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}\t"
+            f"LeaderEpoch: {p.leader_epoch}")
+    if p.high_watermark is not None:
+        line += f"\tHighWatermark: {p.high_watermark}\tLogEndOffset: {p.log_end_offset}"
+    return line
