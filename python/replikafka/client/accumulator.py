@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from replikafka import errors as E
 
@@ -32,6 +33,13 @@ Action = Callable[[], None]
 
 SEQUENCE_MODULUS = 1 << 31  # Kafka wraps base sequences at Integer.MAX_VALUE
 MAX_REQUEST_BYTES = 64 * 1024 * 1024  # cap on one Produce RPC (many partitions)
+
+
+def ipc_size(batch: pa.RecordBatch) -> int:
+    """Bytes ``batch`` takes as an IPC message (metadata and padding included),
+    computed without serializing. ``RecordBatch.nbytes`` can be far off: a
+    slice of a list column may write whole child buffers."""
+    return ipc.get_record_batch_size(batch)
 
 
 @dataclass(frozen=True)
@@ -85,14 +93,14 @@ class SendHandle:
 class ProducerBatch:
     """Pieces (Arrow batches of one partition) sent together in one append."""
 
-    __slots__ = ("tp", "pieces", "nbytes", "rows", "created", "deadline", "attempts", "retry_at",
+    __slots__ = ("tp", "pieces", "size", "rows", "created", "deadline", "attempts", "retry_at",
                  "sequence", "generation", "producer_id", "producer_epoch", "sealed", "payload",
                  "last_error", "done")
 
     def __init__(self, tp: TopicPartition, now: float, deadline: float):
         self.tp = tp
         self.pieces: list[tuple[pa.RecordBatch, SendHandle, int, int]] = []  # batch, handle, piece index, first row
-        self.nbytes = 0
+        self.size = 0      # IPC bytes of the pieces
         self.rows = 0
         self.created = now
         self.deadline = deadline
@@ -153,27 +161,27 @@ class Accumulator:
         st = self.parts.get(tp)
         if st is None:
             st = self.parts[tp] = _PartitionState()
-        nbytes = batch.nbytes
+        size = ipc_size(batch)
         pb_ = st.queue[-1] if st.queue else None
-        if pb_ is None or pb_.sealed or (pb_.rows and pb_.nbytes + nbytes > cap):
+        if pb_ is None or pb_.sealed or (pb_.rows and pb_.size + size > cap):
             pb_ = ProducerBatch(tp, now, now + self.delivery_timeout_s)
             st.queue.append(pb_)
             self.incomplete.add(pb_)
         pb_.pieces.append((batch, handle, index, pb_.rows))
         pb_.rows += batch.num_rows
-        pb_.nbytes += nbytes
-        self.buffer_used += nbytes
+        pb_.size += size
+        self.buffer_used += size
         return pb_
 
     def room(self, tp: TopicPartition, cap: int) -> int:
         """Bytes the partition's open batch can still take (0: none open)."""
         st = self.parts.get(tp)
         b = st.queue[-1] if st and st.queue else None
-        return cap - b.nbytes if b is not None and not b.sealed and b.nbytes < cap else 0
+        return cap - b.size if b is not None and not b.sealed and b.size < cap else 0
 
     def is_open(self, pb_: ProducerBatch | None, cap: int) -> bool:
         """Whether ``pb_`` still takes pieces (last of its queue, not drained, not full)."""
-        if pb_ is None or pb_.sealed or pb_.done or pb_.nbytes >= cap:
+        if pb_ is None or pb_.sealed or pb_.done or pb_.size >= cap:
             return False
         st = self.parts.get(pb_.tp)
         return st is not None and bool(st.queue) and st.queue[-1] is pb_
@@ -209,7 +217,7 @@ class Accumulator:
                     wake = min(wake, b.retry_at)
                     continue
             else:
-                full = len(st.queue) > 1 or b.nbytes >= cap_of(tp)
+                full = len(st.queue) > 1 or b.size >= cap_of(tp)
                 if not (full or flushing or now >= b.created + self.linger_s):
                     wake = min(wake, b.created + self.linger_s)
                     continue
@@ -219,7 +227,7 @@ class Accumulator:
                 continue
             if target not in plan and self.broker_inflight.get(target, 0) >= self.max_in_flight:
                 continue
-            if target in plan and plan_bytes[target] + b.nbytes > MAX_REQUEST_BYTES:
+            if target in plan and plan_bytes[target] + b.size > MAX_REQUEST_BYTES:
                 continue
             if self.idempotent:
                 if st.generation != self.generation:
@@ -239,7 +247,7 @@ class Accumulator:
                 plan_bytes[target] = 0
                 self.broker_inflight[target] = self.broker_inflight.get(target, 0) + 1
             plan[target].append(b)
-            plan_bytes[target] += b.nbytes
+            plan_bytes[target] += b.size
         return plan, wake, leaderless
 
     def request_done(self, target: str) -> None:
@@ -341,7 +349,7 @@ class Accumulator:
     def _finish(self, b: ProducerBatch) -> None:
         if not b.done:
             b.done = True
-            self.buffer_used -= b.nbytes
+            self.buffer_used -= b.size
             self.incomplete.discard(b)
             b.pieces = []
             b.payload = None

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from replikafka import errors as E
 from replikafka.client.accumulator import (Accumulator, Action, ProducerBatch, RecordMetadata, SendHandle,
-                                           TopicPartition)
+                                           TopicPartition, ipc_size)
 from replikafka.client.connection import ConnectionPool, error_of, parse_bootstrap
 from replikafka.client.metadata import ClusterMetadata, TopicInfo
 from replikafka.client.partitioner import partition_for_key
@@ -30,9 +30,9 @@ from replikafka.protocol.rpc_errors import from_pb
 from replikafka.records import encode_stream, to_record_batch
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
-# Room left under max.message.bytes for the IPC schema, message headers and
-# padding, which RecordBatch.nbytes does not count.
-_IPC_SLACK = 0.05
+# Pieces are measured as IPC messages; joining several into one batch can
+# change the size a little (e.g. a validity bitmap appears), so keep room.
+_IPC_SLACK = 0.01
 _DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE_NUMBER"
 # Errors after which the partition's leader may have moved.
 _REFRESH_ON = (E.NotLeaderOrFollowerError, E.LeaderNotAvailableError, E.FencedLeaderEpochError,
@@ -54,34 +54,37 @@ def parse_acks(acks: Any) -> int:
 
 def split_batch(batch: pa.RecordBatch, target: int, limit: int | None = None,
                 first_target: int | None = None) -> list[pa.RecordBatch]:
-    """Zero-copy slices of ``batch`` of at most ``target`` bytes each (by
-    ``nbytes``); the first slice at most ``first_target`` if given (to fill a
-    partly full batch). A single record over ``target`` forms its own slice if
-    it is within ``limit`` (default ``target``); over it, raises
-    :class:`RecordTooLargeError`."""
+    """Zero-copy slices of ``batch`` of at most ``target`` bytes each (IPC
+    size, see :func:`ipc_size`); the first slice at most ``first_target`` if
+    given (to fill a partly full batch). A single record over ``target`` forms
+    its own slice if it is within ``limit`` (default ``target``); over it,
+    raises :class:`RecordTooLargeError`."""
     limit = max(limit or target, target)
     n = batch.num_rows
     if n == 0:
         return []
-    if batch.nbytes <= (first_target or target):
+    total = ipc_size(batch)
+    if total <= (first_target or target):
         return [batch]
     out = []
-    per_row = batch.nbytes / n
+    per_row = total / n
     start = 0
     goal = first_target or target
     while start < n:
         rows = max(1, min(n - start, int(goal / per_row)))
         piece = batch.slice(start, rows)
-        while piece.nbytes > goal and rows > 1:
-            rows = max(1, min(rows - 1, int(rows * goal / piece.nbytes * 0.98)))
+        size = ipc_size(piece)
+        while size > goal and rows > 1:
+            rows = max(1, min(rows - 1, int(rows * goal / size * 0.98)))
             piece = batch.slice(start, rows)
-        if piece.nbytes > goal and goal != target:
+            size = ipc_size(piece)
+        if size > goal and goal != target:
             goal = target  # the first record does not fit the partly full batch: start a new one
             continue
         goal = target
-        if piece.nbytes > limit:
+        if size > limit:
             raise E.RecordTooLargeError(
-                f"record {start} is {piece.nbytes} bytes, larger than the {limit}-byte limit (max.message.bytes)")
+                f"record {start} is {size} bytes, larger than the {limit}-byte limit (max.message.bytes)")
         out.append(piece)
         start += rows
     return out
@@ -195,11 +198,11 @@ class Producer:
             handle = SendHandle(future, topic, partition, len(pieces), batch.num_rows)
             tp = (topic, partition)
             for i, piece in enumerate(pieces):
-                self._wait_for_room(piece.nbytes, deadline, handle)
+                self._wait_for_room(ipc_size(piece), deadline, handle)
                 b = self._acc.append(tp, piece, handle, i, cap, time.monotonic())
                 if key is None and self._sticky.get(topic, (None,))[0] == partition:
                     self._sticky[topic] = (partition, b)
-                if b.rows == piece.num_rows or b.nbytes >= cap:
+                if b.rows == piece.num_rows or b.size >= cap:
                     self._cv.notify_all()  # a new batch (linger starts) or a full one
         return future
 
@@ -268,7 +271,7 @@ class Producer:
         return info
 
     def _append_limit(self, info: TopicInfo) -> int:
-        """Largest Arrow ``nbytes`` one partition append may carry."""
+        """Largest IPC size (bytes) one partition append may carry."""
         limit = DEFAULT_MAX_MESSAGE_BYTES
         raw = info.config.get("max.message.bytes")
         if raw is not None:
@@ -278,7 +281,7 @@ class Producer:
                 pass
         if self._max_request_size:
             limit = min(limit, self._max_request_size)
-        overhead = len(info.stored_schema.serialize()) + 1024
+        overhead = len(info.stored_schema.serialize()) + 64  # schema message, end-of-stream marker
         return max(int(limit * (1 - _IPC_SLACK)) - overhead, 1024)
 
     def _sticky_partition(self, info: TopicInfo, cap: int) -> int:
@@ -295,9 +298,9 @@ class Producer:
         self._sticky[info.name] = (p, None)
         return p
 
-    def _wait_for_room(self, nbytes: int, deadline: float, handle: SendHandle) -> None:
-        """Block (lock held, released while waiting) until ``nbytes`` fit in buffer_memory."""
-        while self._acc.buffer_used and self._acc.buffer_used + nbytes > self._buffer_memory:
+    def _wait_for_room(self, size: int, deadline: float, handle: SendHandle) -> None:
+        """Block (lock held, released while waiting) until ``size`` bytes fit in buffer_memory."""
+        while self._acc.buffer_used and self._acc.buffer_used + size > self._buffer_memory:
             self._check_open()
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -46,6 +46,8 @@ class FakeCluster(pb_grpc.ReplikafkaServicer):
         self.produce_requests: list = []
         self.fetch_requests: list = []
         self.next_pid = 1000
+        self.produce_gate = threading.Event()  # Produce waits until it is set
+        self.produce_gate.set()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         pb_grpc.add_ReplikafkaServicer_to_server(self, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -99,6 +101,7 @@ class FakeCluster(pb_grpc.ReplikafkaServicer):
             return pb.InitProducerIdResponse(producer_id=self.next_pid, producer_epoch=0)
 
     def Produce(self, request, context):
+        self.produce_gate.wait(30)
         with self.lock:
             self.produce_requests.append(request)
             out = pb.ProduceResponse()

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from replikafka import errors as E
-from replikafka.client.accumulator import Accumulator, SendHandle
+from replikafka.client.accumulator import Accumulator, SendHandle, ipc_size
 
 TP = ("t", 0)
 TP1 = ("t", 1)
@@ -41,12 +41,14 @@ def drain(a, now, flushing=False, leaders=None):
 
 def test_batches_roll_over_at_the_size_cap():
     a = acc()
-    for _ in range(5):
-        send(a, TP, rows(20))  # 20 rows * 14 bytes = 280 bytes
+    per_batch = 1000 // ipc_size(rows(20))
+    assert per_batch >= 2
+    for _ in range(per_batch + 1):
+        send(a, TP, rows(20))
     queue = a.parts[TP].queue
-    assert [b.rows for b in queue] == [60, 40]  # 3 pieces fit under 1000 bytes, the 4th starts a new batch
-    assert all(b.nbytes <= 1000 for b in queue)
-    assert a.buffer_used == sum(b.nbytes for b in queue)
+    assert [b.rows for b in queue] == [20 * per_batch, 20]  # the piece that does not fit starts a new batch
+    assert all(b.size <= 1000 for b in queue)
+    assert a.buffer_used == sum(b.size for b in queue)
 
 
 def test_a_batch_waits_for_linger_unless_full_or_flushing():
@@ -57,10 +59,11 @@ def test_a_batch_waits_for_linger_unless_full_or_flushing():
     plan, _, _ = drain(a, 0.001, flushing=True)
     assert list(plan) == ["b1"]
     b = acc()
-    for _ in range(4):
+    per_batch = 1000 // ipc_size(rows(20))
+    for _ in range(per_batch + 1):
         send(b, TP, rows(20), now=0.0)  # the first batch is full (another one follows)
     plan, _, _ = drain(b, 0.0)
-    assert [x.rows for x in plan["b1"]] == [60]
+    assert [x.rows for x in plan["b1"]] == [20 * per_batch]
     plan, _, _ = drain(b, 0.01)
     assert plan == {}  # one batch per partition in flight
 
