@@ -50,8 +50,7 @@ def test_create_produce_consume_describe_across_three_brokers(cluster3):
     bs = cluster3.bootstrap_servers
     admin = replikafka.Admin(bs)
     admin.create_topic("events", partitions=3, replication_factor=3)
-    desc = admin.describe_topic("events")
-    parts = desc.partitions if hasattr(desc, "partitions") else desc
+    parts = admin.describe_topic("events").partitions
     assert len(parts) == 3
     leaders = {p.leader for p in parts}
     assert leaders == {1, 2, 3}, "leaders are spread over the brokers"
@@ -76,11 +75,9 @@ def test_create_produce_consume_describe_across_three_brokers(cluster3):
     assert set(table.column_names) >= {"key", "value", "topic", "partition", "offset", "timestamp"}
 
     # Replication: every follower catches up and the ISR is all three.
-    wait_until(lambda: all(sorted(p.isr) == [1, 2, 3] for p in admin.describe_topic("events").partitions
-                           if True) if hasattr(admin.describe_topic("events"), "partitions")
-               else all(sorted(p.isr) == [1, 2, 3] for p in admin.describe_topic("events")), 30, what="full ISR")
-    for p in (admin.describe_topic("events").partitions if hasattr(admin.describe_topic("events"), "partitions")
-              else admin.describe_topic("events")):
+    wait_until(lambda: all(sorted(p.isr) == [1, 2, 3] for p in admin.describe_topic("events").partitions),
+               30, what="full ISR")
+    for p in admin.describe_topic("events").partitions:
         assert p.high_watermark == 1000 and p.log_end_offset == 1000
     admin.close()
 
@@ -195,8 +192,7 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(cluster3):
     with pytest.raises(E.InvalidSchemaError):
         admin.create_topic("badschema", partitions=1, replication_factor=1, schema="a NOTATYPE")
     # Oversize batch, sent straight to the leader so the client cannot split it.
-    meta = admin.describe_topic("typed")
-    leader = (meta.partitions if hasattr(meta, "partitions") else meta)[0].leader
+    leader = admin.describe_topic("typed").partitions[0].leader
     huge = pa.record_batch([pa.array(range(300_000), pa.int64()), pa.array(["y" * 10] * 300_000)],
                            names=["id", "name"])
     huge = huge.append_column(replikafka.records.TIMESTAMP_FIELD,
