@@ -206,7 +206,9 @@ class ReplicaManager:
         any_error = False
         budget = req.max_bytes if req.max_bytes > 0 else 64 << 20
         for fp in req.partitions:
-            r = pb.FetchPartitionResponse(topic=fp.topic, partition=fp.partition)
+            # Built in place: appending a finished message would copy its records again.
+            r = out.partitions.add(topic=fp.topic, partition=fp.partition)
+            size = 0
             try:
                 part = self._partition_or_error(fp.topic, fp.partition)
                 max_bytes = min(fp.partition_max_bytes or budget, max(budget - total, 1))
@@ -214,24 +216,24 @@ class ReplicaManager:
                     raw, hw, leo, lso = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
                                                                fp.current_leader_epoch)
                     if raw is not None and raw.record_count:
-                        r.records = raw.data if isinstance(raw.data, bytes) else bytes(raw.data)
+                        data = raw.data if isinstance(raw.data, bytes) else bytes(raw.data)
+                        r.records, size = data, len(data)
                         r.records_base_offset, r.record_count = raw.first_offset, raw.record_count
                 else:
                     res, hw, leo, lso = part.read_committed(fp.fetch_offset, max_bytes, fp.current_leader_epoch,
                                                             columns)
                     if res is not None and res.record_count:
-                        schema = res.batches[0].schema
-                        r.records = R.encode_stream(schema, res.batches).to_pybytes()
+                        data = R.encode_stream(res.batches[0].schema, res.batches)
+                        r.records, size = data.to_pybytes(), data.size
                         r.records_base_offset, r.record_count = res.first_offset, res.record_count
                 r.high_watermark, r.log_end_offset, r.log_start_offset = hw, leo, lso
-                total += len(r.records)
+                total += size  # not len(r.records): reading a bytes field back copies it
             except E.ReplikafkaError as exc:
                 r.error.CopyFrom(to_pb(exc))
                 any_error = True
             except KeyError as exc:  # an unknown projected column
                 r.error.CopyFrom(to_pb(E.InvalidRequestError(f"unknown column {exc} in the projection")))
                 any_error = True
-            out.partitions.append(r)
         return out, total, any_error
 
     # ------------------------------------------------------------ offsets
