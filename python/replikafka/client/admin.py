@@ -144,12 +144,18 @@ class Admin:
         if not isinstance(total, int) or isinstance(total, bool) or total < 1:
             raise E.InvalidPartitionsError(f"the partition count must be a positive integer, got {total!r}")
         deadline = time.monotonic() + timeout_ms / 1000
+        try:
+            self._metadata.refresh([name], timeout_ms=timeout_ms)
+            before = len(self._metadata.partitions_for(name))
+        except E.ReplikafkaError:
+            before = 0
         self._admin_call("CreatePartitions",
                          pb.CreatePartitionsRequest(name=name, total_count=total, timeout_ms=timeout_ms),
                          deadline, f"add partitions to {name!r}")
 
-        def grown(t: pb.TopicMetadata | None) -> bool:
-            return t is not None and len(t.partitions) >= total and all(p.leader >= 0 for p in t.partitions)
+        def grown(t: pb.TopicMetadata | None) -> bool:  # the new partitions have leaders
+            return (t is not None and len(t.partitions) >= total
+                    and all(p.leader >= 0 for p in t.partitions if p.partition >= before))
         self._await_everywhere(name, grown, deadline)
 
     # ------------------------------------------------------------ queries
