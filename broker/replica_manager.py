@@ -161,12 +161,13 @@ class ReplicaManager:
         R.validate_topic_name(d.topic)
         part = self._partition_or_error(d.topic, d.partition)
         cfg = part.log.config
-        if len(d.records) > cfg.max_message_bytes:
+        records = d.records  # each read of a protobuf bytes field is a copy: read it once
+        if len(records) > cfg.max_message_bytes:
             raise E.RecordTooLargeError(
-                f"{d.topic}-{d.partition}: batch of {len(d.records)} bytes exceeds max.message.bytes="
+                f"{d.topic}-{d.partition}: batch of {len(records)} bytes exceeds max.message.bytes="
                 f"{cfg.max_message_bytes}")
         try:
-            schema, batches = R.decode_stream(d.records)
+            schema, batches = R.decode_stream(records)
         except (pa.ArrowInvalid, OSError) as exc:
             raise E.CorruptRecordError(f"{d.topic}-{d.partition}: records are not an Arrow IPC stream: {exc}") \
                 from None
