@@ -71,7 +71,7 @@ _MESSAGE_HEADER_RECORD_BATCH = 3   # flatbuf MessageHeader union tag
 
 @dataclass(frozen=True, slots=True)
 class BatchHeader:
-    """What the log keeps about one stored batch (its custom metadata)."""
+    """What the log keeps about one stored batch (its custom metadata). Immutable."""
 
     base_offset: int
     record_count: int
@@ -137,6 +137,8 @@ class MessageInfo:
 
 @dataclass(frozen=True, slots=True)
 class DecodedBatch:
+    """A validated stored batch: its header, its RecordBatch (zero-copy), its size."""
+
     header: BatchHeader
     batch: pa.RecordBatch
     size: int

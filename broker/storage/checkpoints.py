@@ -34,6 +34,8 @@ TopicPartition = tuple[str, int]
 
 
 class OffsetCheckpointFile:
+    """One offset checkpoint file (format: module doc). Thread-safe."""
+
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.Lock()

@@ -29,11 +29,16 @@ _VERSION = 0
 
 
 class EpochEntry(NamedTuple):
+    """Leader `epoch` wrote its first record at `start_offset`."""
+
     epoch: int
     start_offset: int
 
 
 class LeaderEpochFileCache:
+    """A partition's epoch -> start offset history, kept in memory and in its
+    checkpoint file (format: module doc). Thread-safe."""
+
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.Lock()

@@ -14,9 +14,11 @@ last segment is the active one (appends go there); the others are sealed.
 Thread-safety: thread-safe. One lock serialises every mutation (append,
 roll, truncation, retention, close). Readers take no lock: they read one
 immutable `_View` (segment tuple, log start, log end) published after each
-mutation and read zero-copy from the segments' mappings; data files never
-shrink in place, so a reader racing a truncation sees old or new bytes, and a
-reader whose view was made stale by a truncation retries on the new view.
+mutation and read zero-copy from the segments' mappings. Data files never
+shrink in place and a truncated or deleted segment object is retired (it keeps
+its mapping, never maps the replacement file), so a reader racing a
+truncation sees the old or the new records, never a mix of one file's index
+and another's bytes; a reader whose view went stale retries on the new view.
 fsync runs outside the mutation lock (serialised by a flush lock).
 """
 from __future__ import annotations
@@ -54,6 +56,8 @@ TIMESTAMP_COLUMN = "timestamp"
 
 @dataclass(frozen=True, slots=True)
 class AppendInfo:
+    """What an append wrote."""
+
     first_offset: int
     last_offset: int           # first_offset - 1 when nothing was appended
     record_count: int
@@ -63,6 +67,8 @@ class AppendInfo:
 
 @dataclass(frozen=True, slots=True)
 class LogReadResult:
+    """Records read by `Log.read`."""
+
     batches: list              # list[pa.RecordBatch], zero-copy, first row at first_offset
     first_offset: int
     record_count: int
@@ -71,6 +77,8 @@ class LogReadResult:
 
 @dataclass(frozen=True, slots=True)
 class RawReadResult:
+    """Stored batches read by `Log.read_raw`, for a follower's `append_raw`."""
+
     data: bytes                # IPC stream: schema message + whole stored batch messages; b"" if none
     first_offset: int          # base offset of the first batch (may be below the requested offset)
     record_count: int
@@ -128,7 +136,7 @@ def _next_sequence(sequence: int, increment: int) -> int:
 
 
 class Log:
-    """One partition's log. Create with `Log.open`."""
+    """One partition's log (layout and thread-safety: module doc). Create with `Log.open`."""
 
     def __init__(self, directory: str, config: LogConfig, schema: pa.Schema, clock):
         self._dir = directory
@@ -150,6 +158,7 @@ class Log:
         self._dir_dirty = False         # files created or renamed since the last directory fsync
         self._last_flush_ms = clock.time_ms()
         self._closed = False
+        self._closing = False
         self._view = _View((), (), 0, 0)
         self.load_stats: dict[str, int] = {}
 
@@ -444,7 +453,7 @@ class Log:
         """Roll if the active segment is older than segment_ms (and not empty)."""
         now = self._clock.time_ms() if now_ms is None else now_ms
         with self._lock:
-            if self._closed or not self._roll_due(self._segments[-1], now):
+            if self._closed or self._closing or not self._roll_due(self._segments[-1], now):
                 return False
             self._roll_locked(now)
             self._publish()
@@ -675,7 +684,7 @@ class Log:
         the log start. Never deletes the active segment. Returns how many."""
         now = self._clock.time_ms() if now_ms is None else now_ms
         with self._lock:
-            if self._closed:
+            if self._closed or self._closing:
                 return 0
             sealed = self._segments[:-1]
             doomed = 0
@@ -746,7 +755,7 @@ class Log:
         rolled segments are still unflushed (Kafka flushes those after a roll)."""
         now = self._clock.time_ms() if now_ms is None else now_ms
         with self._lock:
-            if self._closed:
+            if self._closed or self._closing:
                 return False
             unflushed = self._leo > self._recovery_point
             rolled_unflushed = self._recovery_point < self._segments[-1].base_offset
@@ -761,9 +770,12 @@ class Log:
         """Flush and release file descriptors. The active segment stays unsealed
         so appends continue after the next open."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._closing:
                 return
-            self.flush()
+            self._closing = True       # refuse mutations from now on
+        # Outside the mutation lock: flush takes the flush lock first, then this one.
+        self.flush()
+        with self._lock:
             for seg in self._segments:
                 seg.close()
             self._closed = True
@@ -785,7 +797,7 @@ class Log:
             self._view = _View((), (), self._log_start, self._leo)
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._closed or self._closing:
             raise StorageError(f"the log {self._dir} is closed")
 
     def _publish(self) -> None:

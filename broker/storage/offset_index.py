@@ -31,6 +31,8 @@ _DTYPE = np.dtype([("rel", "<u4"), ("pos", "<u4")])
 
 
 class OffsetIndex:
+    """`<base>.index` of one segment (format and thread-safety: module doc)."""
+
     def __init__(self, path: str, base_offset: int):
         self.path = path
         self.base_offset = base_offset

@@ -22,9 +22,9 @@ prefix to a new file and renames it over (a new inode: old mappings stay
 valid). The mapping is re-created lazily when a read needs bytes beyond it.
 
 Thread-safety: mutations (append, seal, truncate_to, recover, delete) must be
-serialised by the caller (the Log's lock). Reads (`buffer`, `batches_from`)
-may run concurrently with appends: they only look at bytes below the size they
-were given and re-map under a small lock of their own.
+serialised by the caller (the Log's lock). Reads (`buffer`, `batches_from`,
+`read_header`, `message`) may run concurrently with appends: they only look at
+bytes below the committed size and re-map under a small lock of their own.
 """
 from __future__ import annotations
 
@@ -70,12 +70,20 @@ class StoredBatchRef:
 
 @dataclass(frozen=True, slots=True)
 class RecoveryResult:
+    """What `LogSegment.recover` found."""
+
     valid_batches: int
     truncated_bytes: int     # bytes removed from the end of the data file
     reason: str | None       # why the scan stopped early (None: clean end)
 
 
 class LogSegment:
+    """One segment's data file and indexes (format and thread-safety: module doc).
+
+    A LogSegment object that is deleted or replaced by `truncate_to` is
+    *retired*: it never maps its path again, but a mapping it already holds
+    keeps serving readers that still reference it."""
+
     def __init__(self, directory: str, base_offset: int, schema: pa.Schema, schema_size: int,
                  index_interval_bytes: int, created_ms: int):
         self.dir = directory

@@ -32,6 +32,8 @@ assert _DTYPE.itemsize == ENTRY_SIZE
 
 
 class TimeIndex:
+    """`<base>.timeindex` of one segment (format and thread-safety: module doc)."""
+
     def __init__(self, path: str, base_offset: int):
         self.path = path
         self.base_offset = base_offset
