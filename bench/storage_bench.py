@@ -34,7 +34,7 @@ from replikafka.broker.storage import Log, LogConfig
 RECORDS = 1_500_000
 BATCH = 10_000
 VALUE_BYTES = 100
-ROUNDS = 5
+ROUNDS = 7
 READ_MAX_BYTES = 8 << 20
 
 # A 10,000 x 100-byte batch is ~1.1 MB, over the 1 MiB max.message.bytes default.

@@ -379,10 +379,6 @@ class EncodedMessage:
         return cls(header, (), (data,), size)
 
     @property
-    def head_size(self) -> int:
-        return self.size - sum(len(p) for p in self.body)
-
-    @property
     def pieces(self) -> tuple:
         return self.head + self.body
 
