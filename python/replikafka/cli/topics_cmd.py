@@ -14,6 +14,7 @@ read from ``/brokers/ids`` and used as bootstrap servers.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 from replikafka import errors as E
@@ -115,7 +116,10 @@ def bootstrap_from(bootstrap_server: str | None, zookeeper: str | None) -> str:
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
 
-    zk = KazooClient(hosts=zookeeper, timeout=10.0)
+    quiet = logging.getLogger("replikafka.cli.kazoo")  # kazoo's connection chatter is not for the terminal
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    zk = KazooClient(hosts=zookeeper, timeout=10.0, logger=quiet)
     try:
         zk.start(timeout=10)
     except KazooTimeoutError:
