@@ -23,7 +23,7 @@ from replikafka import errors as E
 from replikafka.client.accumulator import (Accumulator, Action, ProducerBatch, RecordMetadata, SendHandle,
                                            TopicPartition, ipc_size)
 from replikafka.client.connection import ConnectionPool, error_of, parse_bootstrap
-from replikafka.client.metadata import ClusterMetadata, TopicInfo
+from replikafka.client.metadata import METADATA_ATTEMPT_S, ClusterMetadata, TopicInfo
 from replikafka.client.partitioner import partition_for_key
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import from_pb
@@ -391,7 +391,9 @@ class Producer:
         err: E.ReplikafkaError | None = None
         for target in self._metadata.candidates():
             try:
-                response = self._pool.call(target, "InitProducerId", request, self._request_timeout_ms / 1000)
+                # short per-broker wait: a hung broker must not stall the sender for long
+                response = self._pool.call(target, "InitProducerId", request,
+                                           min(self._request_timeout_ms / 1000, 2 * METADATA_ATTEMPT_S))
             except E.ReplikafkaError as exc:
                 err = exc
             else:

@@ -1,7 +1,6 @@
 """The producer against the in-process fake broker: routing, batching into
 one append per partition, per-send offsets, retries with the same sequence,
 errors as future exceptions."""
-import threading
 import time
 
 import pyarrow as pa
