@@ -24,10 +24,13 @@ placeholder in rk.crc32c, then patched into the header (see BatchEncoder).
 
 An end-of-stream marker is ``0xFFFFFFFF 0x00000000``.
 
-Header fields are read by a small bounds-checked flatbuffer reader in this
-module, not by pyarrow's stream reader: it works at any file position (the
-stream reader must start at a schema) and it never hands unchecked bytes to
-Arrow; Arrow only parses a message after its framing, header and CRC passed.
+Untrusted bytes (recovery, a follower's append_raw) go through
+`decode_batch`: framing and header fields are read by a small bounds-checked
+flatbuffer reader in this module (it works at any file position, where
+pyarrow's stream reader must start at a schema), and Arrow parses a message
+only after its framing, header and CRC passed. Bytes already validated that
+way are framed by Arrow itself on the read path (`read_trusted`), which is
+several times faster.
 
 Thread-safety: the module functions are pure and thread-safe. A
 ``BatchEncoder`` keeps one Arrow stream writer and is NOT thread-safe (a Log
