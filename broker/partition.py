@@ -7,6 +7,7 @@ waiters and long-polling fetches.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from replikafka.broker.partition_state import LeaderState
 from replikafka.broker.producer_state import Duplicate, ProducerStateManager
 
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
+log = logging.getLogger("replikafka.partition")
 
 
 @dataclass
@@ -184,6 +186,8 @@ class Partition:
                 raise E.OffsetOutOfRangeError(
                     f"{self.topic}-{self.partition}: follower offset {offset} is outside [{lso}, {leo}]")
             if st.on_follower_fetch(replica_id, offset, leo, self.clock.time_ms()):
+                log.debug("%s-%d: follower %d fetched at %d (epoch %d): HW -> %d", self.topic, self.partition,
+                          replica_id, offset, current_leader_epoch, st.hw)
                 self.cond.notify_all()
             hw = st.hw
         raw = self.log.read_raw(offset, max_bytes) if offset < leo else None

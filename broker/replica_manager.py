@@ -138,7 +138,8 @@ class ReplicaManager:
         out = pb.ProduceResponse()
         waits = []
         for d in req.partitions:
-            r = pb.PartitionProduceResponse(topic=d.topic, partition=d.partition, log_append_time_ms=-1)
+            # Added in place: the acks=all wait below may still set its error.
+            r = out.partitions.add(topic=d.topic, partition=d.partition, log_append_time_ms=-1)
             try:
                 part, result, min_isr = self._append_one(d, req.acks)
                 r.base_offset, r.record_count = result.first_offset, result.record_count
@@ -147,7 +148,6 @@ class ReplicaManager:
                     waits.append((r, part, result.last_offset + 1, min_isr))
             except E.ReplikafkaError as exc:
                 r.error.CopyFrom(to_pb(exc))
-            out.partitions.append(r)
         self.notify_data()
         deadline = self.clock.time_ms() + timeout_ms
         for r, part, end, min_isr in waits:
