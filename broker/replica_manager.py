@@ -137,9 +137,16 @@ class ReplicaManager:
         timeout_ms = req.timeout_ms if req.timeout_ms > 0 else self.config.get("request.timeout.ms")
         out = pb.ProduceResponse()
         waits = []
+        failed: dict[tuple[str, int], E.ReplikafkaError] = {}
         for d in req.partitions:
             # Added in place: the acks=all wait below may still set its error.
             r = out.partitions.add(topic=d.topic, partition=d.partition, log_append_time_ms=-1)
+            tp = (d.topic, d.partition)
+            if tp in failed:
+                # A partition's batches are appended in order: after one fails, the
+                # ones behind it are not appended (they would leave a gap).
+                r.error.CopyFrom(to_pb(failed[tp]))
+                continue
             try:
                 part, result, min_isr = self._append_one(d, req.acks)
                 r.base_offset, r.record_count = result.first_offset, result.record_count
@@ -148,6 +155,7 @@ class ReplicaManager:
                     waits.append((r, part, result.last_offset + 1, min_isr))
             except E.ReplikafkaError as exc:
                 r.error.CopyFrom(to_pb(exc))
+                failed[tp] = exc
         self.notify_data()
         deadline = self.clock.time_ms() + timeout_ms
         for r, part, end, min_isr in waits:

@@ -192,8 +192,9 @@ class Accumulator:
     # ------------------------------------------------------------ draining
     def drain(self, now: float, *, flushing: bool, leader_of: Callable[[TopicPartition], str | None],
               cap_of: Callable[[TopicPartition], int]) -> tuple[dict[str, list[ProducerBatch]], float, bool]:
-        """Pick the batches to send now: at most the first batch of each
-        partition, grouped by leader address into one request per broker.
+        """Pick the batches to send now: for each partition with nothing in
+        flight, its first batch and the ready ones behind it, grouped by leader
+        address into one request per broker.
 
         Returns ``(plan, next_wake, leaderless)``: ``plan`` maps an address to
         its batches (already marked in flight and sequenced), ``next_wake`` is
@@ -206,6 +207,52 @@ class Accumulator:
         leaderless = False
         if self.idempotent and self.needs_producer_id:
             return plan, wake, leaderless
+        for tp, st in self.parts.items():
+            if not st.queue:
+                continue
+            if st.inflight:
+                continue  # one append per partition in flight: gRPC does not order concurrent calls
+            b = st.queue[0]
+            if b.attempts:
+                if now < b.retry_at:
+                    wake = min(wake, b.retry_at)
+                    continue
+            else:
+                full = len(st.queue) > 1 or b.size >= cap_of(tp)
+                if not (full or flushing or now >= b.created + self.linger_s):
+                    wake = min(wake, b.created + self.linger_s)
+                    continue
+            target = leader_of(tp)
+            if target is None:
+                leaderless = True
+                continue
+            if target not in plan and self.broker_inflight.get(target, 0) >= self.max_in_flight:
+                continue
+            if target in plan and plan_bytes[target] + b.size > MAX_REQUEST_BYTES:
+                continue
+            if self.idempotent and st.generation != self.generation:
+                if st.inflight:
+                    continue  # wait for the old producer id's batches to come back
+                st.generation, st.next_sequence = self.generation, 0
+            if target not in plan:
+                plan[target] = []
+                plan_bytes[target] = 0
+                self.broker_inflight[target] = self.broker_inflight.get(target, 0) + 1
+            # This batch and the ready ones queued behind it go in one request,
+            # in order (the broker appends them in order and stops a partition at
+            # its first failure), so a partition is not limited to one batch per
+            # round trip.
+            while True:
+                self._take(st, b)
+                plan[target].append(b)
+                plan_bytes[target] += b.size
+                if b.attempts or not st.queue:
+                    break
+                b = st.queue[0]
+                ready = len(st.queue) > 1 or b.size >= cap_of(tp) or flushing or now >= b.created + self.linger_s
+                if b.attempts or not ready or plan_bytes[target] + b.size > MAX_REQUEST_BYTES:
+                    break
+        return plan, wake, leaderless
         for tp, st in self.parts.items():
             if not st.queue:
                 continue
@@ -249,6 +296,17 @@ class Accumulator:
             plan[target].append(b)
             plan_bytes[target] += b.size
         return plan, wake, leaderless
+
+    def _take(self, st: _PartitionState, b: ProducerBatch) -> None:
+        """Mark ``b`` (the head of ``st.queue``) in flight, numbering it once."""
+        if self.idempotent and (b.sequence is None or b.generation != self.generation):
+            b.sequence = st.next_sequence
+            b.generation = self.generation
+            b.producer_id, b.producer_epoch = self.producer_id, self.producer_epoch
+            st.next_sequence = (st.next_sequence + b.rows) % SEQUENCE_MODULUS
+        st.queue.popleft()
+        st.inflight.append(b)
+        b.sealed = True
 
     def request_done(self, target: str) -> None:
         """One Produce RPC to ``target`` finished (whatever its outcome)."""

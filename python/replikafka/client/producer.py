@@ -457,13 +457,13 @@ class Producer:
         for target, batches, call in responses:
             self._acc.request_done(target)
             err = error_of(call, target)
-            by_tp = {}
-            if err is None:
-                by_tp = {(r.topic, r.partition): r for r in call.result().partitions}
-            for b in batches:
+            # The broker answers entry by entry in request order (a partition may
+            # appear several times, one entry per batch).
+            answers = list(call.result().partitions) if err is None else []
+            for i, b in enumerate(batches):
                 if b.done:
                     continue
-                r = by_tp.get(b.tp)
+                r = answers[i] if i < len(answers) and (answers[i].topic, answers[i].partition) == b.tp else None
                 perr = err
                 if perr is None:
                     perr = from_pb(r.error) if r is not None else E.ReplikafkaError(
