@@ -224,3 +224,46 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(cluster3):
     assert t.column("id").to_pylist() == [1, 2]
     c.close()
     admin.close()
+
+
+def test_add_partitions_keeps_the_existing_assignment_and_serves_the_new_ones(cluster3):
+    bs = cluster3.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("grow", partitions=2, replication_factor=2)
+    before = {p.partition: p.replicas for p in admin.describe_topic("grow").partitions}
+    with replikafka.Producer(bs, acks="all") as prod:
+        prod.send("grow", values_batch([b"old"] * 5), partition=1).result(timeout=30)
+    r = _cli("topics", "--bootstrap-server", bs, "--alter", "--topic", "grow", "--partitions", "5")
+    assert r.returncode == 0, r.stderr
+    after = {p.partition: p.replicas for p in admin.describe_topic("grow").partitions}
+    assert sorted(after) == [0, 1, 2, 3, 4]
+    assert {p: after[p] for p in before} == before
+    with replikafka.Producer(bs, acks="all") as prod:
+        assert prod.send("grow", values_batch([b"new"] * 3), partition=4).result(timeout=30).base_offset == 0
+    with pytest.raises(E.InvalidPartitionsError):
+        admin.create_partitions("grow", 3)
+    table = consume_all(bs, "grow", 5, 8)
+    assert sorted(table.column("value").to_pylist()) == [b"new"] * 3 + [b"old"] * 5
+    admin.close()
+
+
+def test_cluster_command_starts_reports_and_stops_a_local_cluster(tmp_path):
+    d = str(tmp_path / "rk")
+    r = _cli("cluster", "start", "--brokers", "2", "--dir", d, timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        bs = next(line.split(": ", 1)[1] for line in r.stdout.splitlines() if line.startswith("bootstrap servers"))
+        assert len(bs.split(",")) == 2
+        status = _cli("cluster", "status", "--dir", d)
+        assert status.returncode == 0 and status.stdout.count(" up") >= 3, status.stdout
+        admin = replikafka.Admin(bs)
+        admin.create_topic("via-cli-cluster", partitions=2, replication_factor=2)
+        with replikafka.Producer(bs, acks="all") as prod:
+            assert prod.send("via-cli-cluster", b"x", partition=0).result(timeout=30).base_offset == 0
+        admin.close()
+    finally:
+        stop = _cli("cluster", "stop", "--dir", d, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert not os.path.exists(os.path.join(d, "cluster.json"))
+    r = _cli("cluster", "status", "--dir", d)
+    assert r.returncode != 0 and "no cluster" in r.stderr

@@ -41,8 +41,11 @@ def run(args) -> int:
         os._exit(0)
     state = load_state(args.dir)
     if args.action == "status":
-        print(f"zookeeper: {state['zookeeper']} "
-              f"({'up' if pid_alive(state.get('zookeeper_pid')) or not state.get('zookeeper_pid') else 'down'})")
+        zk_pid = state.get("zookeeper_pid")
+        if zk_pid:
+            print(f"zookeeper: {state['zookeeper']} pid {zk_pid} {'up' if pid_alive(zk_pid) else 'down'}")
+        else:
+            print(f"zookeeper: {state['zookeeper']} (external)")
         for bid, b in sorted(state["brokers"].items(), key=lambda kv: int(kv[0])):
             print(f"broker {bid}: 127.0.0.1:{b['port']} pid {b['pid']} {'up' if pid_alive(b['pid']) else 'down'}")
         print(f"bootstrap servers: {state['bootstrap_servers']}")
