@@ -12,6 +12,7 @@ import logging
 import queue
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 
 from replikafka.broker import zk_store as Z
@@ -148,6 +149,7 @@ class Controller:
     # ------------------------------------------------------------ failover: load everything
     def _failover(self) -> None:
         ctx = self.ctx
+        started = time.monotonic()
         self.store.ensure_paths()
         ctx.live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=ctx.broker_epochs)
         self.channels.set_brokers(ctx.live)
@@ -165,6 +167,8 @@ class Controller:
         for bid in ctx.live:
             self._send_update_metadata([bid], list(ctx.states), full=True)
         self._send_leader_and_isr(list(ctx.states))
+        log.info("controller failover: loaded %d topics, %d partitions and sent the full state to %d brokers "
+                 "in %.3fs", len(ctx.topics), len(ctx.states), len(ctx.live), time.monotonic() - started)
         self._try_delete_topics()
 
     def _load_topic(self, topic: str) -> TopicMeta | None:
@@ -193,6 +197,7 @@ class Controller:
         ctx.live, ctx.broker_epochs = live, epochs
         self.channels.set_brokers(live)
         new, dead = (set(live) - old) | bounced, old - set(live)
+        started = time.monotonic()
         if dead:
             log.info("controller: brokers %s failed", sorted(dead))
         if new:
@@ -204,6 +209,9 @@ class Controller:
         if changed:
             self._send_update_metadata([b for b in live if b not in new], changed)
         self._send_leader_and_isr(changed, extra_brokers=new)
+        if changed:
+            log.info("controller: %d partition states written and sent in %.3fs", len(changed),
+                     time.monotonic() - started)
         if new and ctx.deleting:
             self._try_delete_topics()
 
