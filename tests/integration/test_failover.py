@@ -176,7 +176,9 @@ def test_all_isr_members_dead(cluster_factory, unclean):
     cluster.kill(leader)
     cluster.start_broker(follower)
     if not unclean:
-        # Offline, not led by the stale follower.
+        # Offline (once the controller has seen the leader's session end), and it
+        # stays offline: the stale follower never leads.
+        wait_until(lambda: leader_of(admin, "fragile", 0) == -1, 30, what="the partition to go offline")
         time.sleep(2)
         assert leader_of(admin, "fragile", 0) == -1
         cluster.start_broker(leader)
