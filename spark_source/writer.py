@@ -188,6 +188,7 @@ class ChunkSender:
         self._pump()
         while sum(len(q) for q in self.queues.values()) > 2 * MAX_IN_FLIGHT:
             self._wait_one()
+            self._pump()
 
     def flush(self) -> None:
         self._pump()
@@ -234,6 +235,13 @@ class ChunkSender:
             if part is None:
                 raise E.ReplikafkaError(f"the Produce answer has no entry for {chunk.topic}-{chunk.partition}")
             err = from_pb(part.error)
+            if isinstance(err, E.OutOfOrderSequenceError):
+                # The broker holds a different chunk under this chunk's producer id: an earlier
+                # attempt of this task saw other rows. Refuse rather than guess.
+                raise E.OutOfOrderSequenceError(
+                    f"{chunk.topic}-{chunk.partition}: chunk {chunk.label} of this task was written before with "
+                    "different rows; the sink's exactly-once replay needs each task to see the same rows in the "
+                    f"same order on every attempt ({err.message})")
             if err is not None and err.code != "DUPLICATE_SEQUENCE_NUMBER":
                 raise err
         except E.ReplikafkaError as exc:
