@@ -202,7 +202,12 @@ class Controller:
             log.info("controller: brokers %s failed", sorted(dead))
         if new:
             log.info("controller: brokers %s started", sorted(new))
-        changed = self._elect_offline()
+        # A bounced broker lost its in-memory state (its HW, its role): like Kafka
+        # with broker epochs, it is handled as failed and then as started, so the
+        # partitions it led get a new leader and epoch rather than a leader that
+        # forgot its HW.
+        changed = self._elect_offline(exclude=bounced) if bounced else []
+        changed += [tp for tp in self._elect_offline() if tp not in changed]
         # New brokers learn everything; everyone learns the changed partitions.
         for bid in new:
             self._send_update_metadata([bid], list(ctx.states), full=True)
@@ -215,12 +220,14 @@ class Controller:
         if new and ctx.deleting:
             self._try_delete_topics()
 
-    def _elect_offline(self) -> list[TP]:
-        """Elect leaders for partitions without a live leader, take dead followers out of ISRs."""
+    def _elect_offline(self, exclude=frozenset()) -> list[TP]:
+        """Elect leaders for partitions without a live leader, take dead followers out of ISRs.
+        Brokers in ``exclude`` count as dead for this pass."""
         ctx = self.ctx
         current = {tp: s for tp, (s, _v) in ctx.states.items() if tp[0] not in ctx.deleting}
         assignments = {t: m.assignment for t, m in ctx.topics.items() if t not in ctx.deleting}
-        decisions = D.on_brokers_changed(assignments, current, set(ctx.live), ctx.epoch, self._unclean_for)
+        decisions = D.on_brokers_changed(assignments, current, set(ctx.live) - set(exclude), ctx.epoch,
+                                         self._unclean_for)
         for tp, e in decisions.items():
             if e.unclean:
                 log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "

@@ -192,3 +192,88 @@ def test_all_isr_members_dead(cluster_factory, unclean):
         controller_logs = "".join(cluster.tail(b, 400) for b in cluster.ids)
         assert "UNCLEAN leader election" in controller_logs
     admin.close()
+
+
+def _registration_czxid(cluster, broker_id):
+    zk = cluster.zk()
+    try:
+        stat = zk.exists(f"/brokers/ids/{broker_id}")
+        return stat.czxid if stat else None
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_broker_whose_zookeeper_session_expires_reregisters_and_carries_on(cluster_factory):
+    cluster = cluster_factory(3)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("expiry", partitions=1, replication_factor=3)
+    controller = wait_until(lambda: cluster.controller_id() if cluster.controller_id() > 0 else None)
+    leader = leader_of(admin, "expiry", 0)
+    victim = next(b for b in cluster.ids if b not in (leader, controller))
+    before = _registration_czxid(cluster, victim)
+    cluster.pause(victim)            # silent past its 4 s session: ZooKeeper expires it
+    try:
+        wait_until(lambda: _registration_czxid(cluster, victim) is None, 30, what="the session to expire")
+    finally:
+        cluster.resume(victim)
+    # Same process, new session: it registers again and rejoins the ISR, no restart.
+    wait_until(lambda: _registration_czxid(cluster, victim) not in (None, before), 30, what="re-registration")
+    assert cluster.alive(victim)
+    with replikafka.Producer(cluster.bootstrap_servers, acks="all") as prod:
+        meta = prod.send("expiry", kafka_batch([b"after-expiry"] * 3)).result(timeout=30)
+    wait_until(lambda: victim in describe(admin, "expiry")[0].isr, 60, what="the broker back in the ISR")
+    committed = check_no_acked_loss_and_replicas_agree(cluster, "expiry", 1, {(0, meta.base_offset): b"after-expiry"})
+    assert len(committed) == 3
+    admin.close()
+
+
+def test_zookeeper_outage_loses_nothing_and_the_cluster_recovers(cluster_factory, zk_server):
+    cluster = cluster_factory(3)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("zk-outage", partitions=2, replication_factor=3, config={"min.insync.replicas": "2"})
+    prod = BackgroundProducer(cluster.bootstrap_servers, "zk-outage", 2).start()
+    time.sleep(1)
+    zk_server.stop()
+    try:
+        time.sleep(3)                # leaders keep serving without ZooKeeper
+    finally:
+        zk_server.restart()          # same port, same data
+    time.sleep(2)
+    log = prod.stop()
+    wait_until(lambda: cluster.controller_id() > 0, 30, what="a controller after the outage")
+    zk = cluster.zk()
+    try:
+        wait_until(lambda: sorted(int(b) for b in zk.get_children("/brokers/ids")) == cluster.ids, 60,
+                   what="every broker registered")
+    finally:
+        zk.stop()
+        zk.close()
+    with replikafka.Producer(cluster.bootstrap_servers, acks="all") as p:
+        p.send("zk-outage", kafka_batch([b"after"] * 2), partition=0).result(timeout=60)
+    assert len(log.acked) > 0
+    check_no_acked_loss_and_replicas_agree(cluster, "zk-outage", 2, log.acked)
+    admin.close()
+
+
+def test_controller_killed_while_another_broker_is_failing(cluster_factory):
+    cluster = cluster_factory(4)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("double", partitions=4, replication_factor=3, config={"min.insync.replicas": "2"})
+    prod = BackgroundProducer(cluster.bootstrap_servers, "double", 4).start()
+    time.sleep(1)
+    controller = wait_until(lambda: cluster.controller_id() if cluster.controller_id() > 0 else None)
+    other = next(b for b in cluster.ids if b != controller and
+                 any(p.leader == b for p in describe(admin, "double")))
+    cluster.kill(other)
+    time.sleep(0.5)                  # the controller is busy with the first failure
+    cluster.kill(controller)
+    wait_until(lambda: cluster.controller_id() not in (-1, controller), 30, what="a new controller")
+    wait_until(lambda: all(p.leader not in (-1, other, controller) for p in describe(admin, "double")), 60,
+               what="leaders on the two live brokers")
+    cluster.start_broker(other)
+    cluster.start_broker(controller)
+    time.sleep(1)
+    log = prod.stop()
+    check_no_acked_loss_and_replicas_agree(cluster, "double", 4, log.acked)
+    admin.close()
