@@ -2,8 +2,12 @@
 
 ``spark_cluster``  session: one 3-broker cluster (real processes, real
                    ZooKeeper: the suite's session server, own chroot) shared
-                   by the Spark tests; tests use their own topics. A test that
-                   kills a broker restarts it before it ends.
+                   by the Spark tests; tests use their own topics and never
+                   take its brokers down.
+``own_cluster``    per test: ``own_cluster(**overrides)`` -> a separate cluster
+                   for a test that kills brokers (never restarted).
+Clusters start through the ``replikafka cluster`` command (see
+``spark_helpers.CliCluster`` for why not in-process).
 ``spark``          session: ONE local SparkSession (local[2], 2 shuffle
                    partitions), made through ``replikafka.spark.local_session``
                    which sets PYSPARK_PYTHON to this interpreter and makes
@@ -21,8 +25,7 @@ import uuid
 import pytest
 
 import zk_harness
-from replikafka.local_cluster import LocalCluster
-from spark_helpers import TopicTool
+from spark_helpers import CliCluster, TopicTool
 
 SPARK_CLUSTER_OVERRIDES = {
     "zookeeper.session.timeout.ms": "4000",
@@ -36,18 +39,18 @@ SPARK_CLUSTER_OVERRIDES = {
 def spark_cluster(zk_server, _zk_admin, tmp_path_factory):
     chroot = zk_harness.new_chroot(_zk_admin, "spark")
     base = tmp_path_factory.mktemp("spark-cluster")
-    cluster = LocalCluster(str(base / "cluster"), 3, zookeeper_connect=zk_server.connect_string + chroot,
-                           overrides=SPARK_CLUSTER_OVERRIDES, die_with_parent=True)
+    cluster = CliCluster(str(base / "cluster"), zk_server.connect_string + chroot, SPARK_CLUSTER_OVERRIDES)
     try:
         cluster.start()
     except BaseException:
         cluster.stop()
         raise
     yield cluster
+    ids = cluster.ids
     try:
         cluster.stop()
     finally:
-        for bid in cluster.ids:
+        for bid in ids:
             print(f"---- broker {bid} log tail ----\n{cluster.tail(bid, 10)}")
 
 
@@ -58,8 +61,7 @@ def own_cluster(tmp_path, zk_connect):
     made = []
 
     def make(**overrides):
-        c = LocalCluster(str(tmp_path / f"own{len(made)}"), 3, zookeeper_connect=zk_connect,
-                         overrides={**SPARK_CLUSTER_OVERRIDES, **overrides}, die_with_parent=True)
+        c = CliCluster(str(tmp_path / f"own{len(made)}"), zk_connect, {**SPARK_CLUSTER_OVERRIDES, **overrides})
         made.append(c)
         c.start()
         return c

@@ -103,3 +103,74 @@ class TopicTool:
     def close(self) -> None:
         if self._producer is not None:
             self._producer.close()
+
+
+class CliCluster:
+    """A local cluster started through ``python -m replikafka cluster start``.
+
+    Why not ``LocalCluster`` in this process: it starts brokers with a
+    ``preexec_fn`` (a plain ``fork()``), and a fork of a process that already
+    runs gRPC (this one does, once a test has used a client) can abort the
+    child inside gRPC's fork handlers ("epoll_wait error: Bad file
+    descriptor", exit -6). The CLI process has no gRPC, and this process
+    starts it with ``vfork``-style spawning (no ``preexec_fn``).
+    """
+
+    def __init__(self, base_dir: str, zookeeper_connect: str, overrides: dict[str, str], brokers: int = 3):
+        self.base_dir = base_dir
+        self.zookeeper_connect = zookeeper_connect
+        self.overrides = overrides
+        self.n = brokers
+        self.state: dict = {}
+
+    def start(self) -> "CliCluster":
+        import subprocess
+        import sys
+        cmd = [sys.executable, "-m", "replikafka", "cluster", "start", "--dir", self.base_dir,
+               "--brokers", str(self.n), "--zookeeper", self.zookeeper_connect]
+        for k, v in self.overrides.items():
+            cmd += ["--override", f"{k}={v}"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"cluster start failed ({done.returncode}): {done.stdout}\n{done.stderr}")
+        from replikafka.local_cluster import load_state
+        self.state = load_state(self.base_dir)
+        return self
+
+    @property
+    def ids(self) -> list[int]:
+        return sorted(int(b) for b in self.state["brokers"])
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.state["bootstrap_servers"]
+
+    def address(self, broker_id: int) -> str:
+        return f"127.0.0.1:{self.state['brokers'][str(broker_id)]['port']}"
+
+    def kill(self, broker_id: int) -> None:
+        import os
+        import signal
+        from replikafka.local_cluster import pid_alive
+        pid = self.state["brokers"][str(broker_id)]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 10
+        while pid_alive(pid) and time.time() < deadline:
+            time.sleep(0.02)
+
+    def tail(self, broker_id: int, lines: int = 15) -> str:
+        import os
+        path = os.path.join(self.base_dir, f"broker-{broker_id}.log")
+        try:
+            with open(path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        import subprocess
+        import sys
+        if self.state:
+            subprocess.run([sys.executable, "-m", "replikafka", "cluster", "stop", "--dir", self.base_dir],
+                           capture_output=True, timeout=120)
+            self.state = {}
