@@ -19,6 +19,7 @@ import time
 import uuid
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from kazoo.protocol.states import KazooState
 
 from replikafka.zookeeper_server import ZooKeeperServer
@@ -61,8 +62,17 @@ def new_chroot(admin: KazooClient, label: str = "") -> str:
     """Create ``/t-<label>-<unique>`` with ``admin`` (a client without chroot) and return the path."""
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60].strip("_")
     path = f"/t-{label}-{uuid.uuid4().hex[:8]}" if label else f"/t-{uuid.uuid4().hex[:12]}"
-    admin.create(path, makepath=True)
-    return path
+    # A test may have stopped and restarted the server: the shared admin client
+    # then gets a new session, and calls fail until it has one.
+    deadline = time.time() + 30
+    while True:
+        try:
+            admin.create(path, makepath=True)
+            return path
+        except (SessionExpiredError, ConnectionLoss):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def connected_client(hosts: str, timeout: float = 15.0, **kwargs) -> KazooClient:
