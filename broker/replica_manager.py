@@ -183,10 +183,9 @@ class ReplicaManager:
         if not batches:
             raise E.InvalidRequestError(f"{d.topic}-{d.partition}: produce request holds no records")
         if cfg.message_timestamp_type == "LogAppendTime":
-            now = pa.scalar(self.clock.time_ms(), pa.int64()).cast(R.TIMESTAMP_TYPE)
+            now = self.clock.time_ms()
             i = expected.get_field_index("timestamp")
-            batches = [b.set_column(i, R.TIMESTAMP_FIELD, pa.array([now.value] * b.num_rows, pa.int64())
-                                    .cast(R.TIMESTAMP_TYPE)) for b in batches]
+            batches = [b.set_column(i, R.TIMESTAMP_FIELD, R.constant_timestamps(now, b.num_rows)) for b in batches]
         min_isr = cfg.min_insync_replicas
         # Producer ids start at 1: 0 is protobuf's "unset".
         pid = d.producer_id if d.producer_id > 0 else -1

@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -282,6 +283,11 @@ def conform_batch(batch: pa.RecordBatch, expected: pa.Schema, topic: str) -> pa.
     return pa.RecordBatch.from_arrays(batch.columns, schema=expected)
 
 
+def constant_timestamps(ts_ms: int, n: int) -> pa.Array:
+    """``n`` copies of one timestamp, built without a Python object per row."""
+    return pa.array(np.full(n, ts_ms, dtype=np.int64)).view(TIMESTAMP_TYPE)
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -323,7 +329,7 @@ def to_record_batch(data: Any, topic_schema: pa.Schema, *, key: bytes | None = N
         raise InvalidSchemaError(f"cannot send {type(data).__name__}: use a RecordBatch, Table, list of dicts or bytes")
     if "timestamp" not in data.schema.names:
         ts = timestamp_ms if timestamp_ms is not None else now_ms()
-        data = data.append_column(TIMESTAMP_FIELD, pa.array([ts] * data.num_rows, type=pa.int64()).cast(TIMESTAMP_TYPE))
+        data = data.append_column(TIMESTAMP_FIELD, constant_timestamps(ts, data.num_rows))
     elif not data.schema.field("timestamp").type.equals(TIMESTAMP_TYPE):
         i = data.schema.get_field_index("timestamp")
         try:
