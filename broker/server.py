@@ -18,6 +18,7 @@ from concurrent import futures
 import grpc
 from kazoo.client import KazooClient, KazooState
 
+from replikafka import records as R
 from replikafka.errors import UnknownTopicOrPartitionError
 from replikafka.broker.admin_manager import AdminManager
 from replikafka.broker.config import BrokerConfig, log_config_for_topic
@@ -112,7 +113,8 @@ class BrokerServer:
         self.store = ZkStore(self.zk)
         self.store.ensure_paths()
         self.log_manager = LogManager(list(cfg.get("log.dirs")), log_config_for_topic(cfg, {}),
-                                      topic_config=self._topic_log_config, clock=self.clock)
+                                      topic_config=self._topic_log_config, topic_schema=self._topic_schema,
+                                      clock=self.clock)
         self._delete_unassigned()
         self.logs = PartitionLogs(cfg, self.log_manager)
         self.metadata = MetadataCache()
@@ -154,6 +156,12 @@ class BrokerServer:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         self.state_change_handler = handler
+
+    def _topic_schema(self, topic: str):
+        """A topic's stored schema while loading its logs (None if it was deleted:
+        the log's own segments say it then)."""
+        found = self.store.get_topic_config(topic)
+        return R.schema_from_bytes(found[1]) if found and found[1] else None
 
     def _topic_log_config(self, topic: str):
         """A topic's LogConfig while loading its logs (broker defaults if it was deleted)."""

@@ -140,7 +140,13 @@ class LogManager:
             if tp in self._logs:
                 raise StorageError(f"partition {tp} has a log in both {self._log_dir_of[tp].path} "
                                    f"and {d.path}")
-            log_ = Log.open(full, self._topic_config(tp[0]), self._topic_schema(tp[0]),
+            schema = self._topic_schema(tp[0])
+            if schema is None and not Log._list_segments(full):
+                # A log of an unknown (deleted) topic that never got a segment: nothing to keep.
+                log.warning("removing %s: empty log of a topic whose schema is unknown", full)
+                shutil.rmtree(full, ignore_errors=True)
+                continue
+            log_ = Log.open(full, self._topic_config(tp[0]), schema,
                             recovery_point=recovery_points.get(tp, 0),
                             log_start_offset=log_starts.get(tp, 0), clock=self._clock, clean=clean)
             self._logs[tp] = log_
