@@ -193,8 +193,18 @@ class Partition:
         raw = self.log.read_raw(offset, max_bytes) if offset < leo else None
         return raw, hw, leo, lso
 
-    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+    def leader_offsets(self, current_leader_epoch: int) -> tuple[int, int, int, int]:
+        """As the leader, checking the caller's epoch: (HW, LEO, log start, leader epoch)."""
         with self.lock:
+            self._require_leader()
+            self.check_epoch(current_leader_epoch)
+            return self.hw, self.log.log_end_offset, self.log.log_start_offset, self.leader_epoch
+
+    def end_offset_for_epoch(self, epoch: int, current_leader_epoch: int) -> tuple[int, int]:
+        """OffsetsForLeaderEpoch, as the leader (KIP-279)."""
+        with self.lock:
+            self._require_leader()
+            self.check_epoch(current_leader_epoch)
             return self.log.leader_epoch_cache.end_offset_for(epoch, self.log.log_end_offset)
 
     # ------------------------------------------------------------ leader: ISR

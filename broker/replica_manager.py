@@ -250,13 +250,7 @@ class ReplicaManager:
             r = pb.ListOffsetsPartitionResponse(topic=q.topic, partition=q.partition, offset=-1, timestamp_ms=-1)
             try:
                 part = self._partition_or_error(q.topic, q.partition)
-                with part.lock:
-                    if part.role != LEADER:
-                        raise E.NotLeaderOrFollowerError(
-                            f"broker {self.broker_id} is not the leader of {q.topic}-{q.partition}")
-                    part.check_epoch(q.current_leader_epoch)
-                    hw, leo, lso = part.hw, part.log.log_end_offset, part.log.log_start_offset
-                    r.leader_epoch = part.leader_epoch
+                hw, leo, lso, r.leader_epoch = part.leader_offsets(q.current_leader_epoch)
                 r.high_watermark, r.log_end_offset, r.log_start_offset = hw, leo, lso
                 if q.timestamp_ms == -2:
                     r.offset = lso
@@ -279,11 +273,7 @@ class ReplicaManager:
             r = pb.EpochEndOffset(topic=q.topic, partition=q.partition, leader_epoch=-1, end_offset=-1)
             try:
                 part = self._partition_or_error(q.topic, q.partition)
-                with part.lock:
-                    if part.role != LEADER:
-                        raise E.NotLeaderOrFollowerError(f"broker {self.broker_id} does not lead {q.topic}-{q.partition}")
-                    part.check_epoch(q.current_leader_epoch)
-                    r.leader_epoch, r.end_offset = part.end_offset_for_epoch(q.leader_epoch)
+                r.leader_epoch, r.end_offset = part.end_offset_for_epoch(q.leader_epoch, q.current_leader_epoch)
             except E.ReplikafkaError as exc:
                 r.error.CopyFrom(to_pb(exc))
             out.partitions.append(r)

@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from concurrent import futures
 
 import grpc

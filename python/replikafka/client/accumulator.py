@@ -230,52 +230,6 @@ class Accumulator:
                 continue
             if target in plan and plan_bytes[target] + b.size > MAX_REQUEST_BYTES:
                 continue
-            if self.idempotent and st.generation != self.generation:
-                if st.inflight:
-                    continue  # wait for the old producer id's batches to come back
-                st.generation, st.next_sequence = self.generation, 0
-            if target not in plan:
-                plan[target] = []
-                plan_bytes[target] = 0
-                self.broker_inflight[target] = self.broker_inflight.get(target, 0) + 1
-            # This batch and the ready ones queued behind it go in one request,
-            # in order (the broker appends them in order and stops a partition at
-            # its first failure), so a partition is not limited to one batch per
-            # round trip.
-            while True:
-                self._take(st, b)
-                plan[target].append(b)
-                plan_bytes[target] += b.size
-                if b.attempts or not st.queue:
-                    break
-                b = st.queue[0]
-                ready = len(st.queue) > 1 or b.size >= cap_of(tp) or flushing or now >= b.created + self.linger_s
-                if b.attempts or not ready or plan_bytes[target] + b.size > MAX_REQUEST_BYTES:
-                    break
-        return plan, wake, leaderless
-        for tp, st in self.parts.items():
-            if not st.queue:
-                continue
-            if st.inflight:
-                continue  # one append per partition in flight: gRPC does not order concurrent calls
-            b = st.queue[0]
-            if b.attempts:
-                if now < b.retry_at:
-                    wake = min(wake, b.retry_at)
-                    continue
-            else:
-                full = len(st.queue) > 1 or b.size >= cap_of(tp)
-                if not (full or flushing or now >= b.created + self.linger_s):
-                    wake = min(wake, b.created + self.linger_s)
-                    continue
-            target = leader_of(tp)
-            if target is None:
-                leaderless = True
-                continue
-            if target not in plan and self.broker_inflight.get(target, 0) >= self.max_in_flight:
-                continue
-            if target in plan and plan_bytes[target] + b.size > MAX_REQUEST_BYTES:
-                continue
             if self.idempotent:
                 if st.generation != self.generation:
                     if st.inflight:
