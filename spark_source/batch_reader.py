@@ -21,7 +21,9 @@ planner). Either way the query runs; with pushdown on, fewer bytes move.
 """
 from __future__ import annotations
 
+import os
 import sys
+import time
 from typing import Iterator
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -57,9 +59,24 @@ def read_partition(opts: SourceOptions, layout: OutputLayout, partition: InputPa
         return iter(())
     client = client or client_for(opts.bootstrap)
     converter = BatchConverter(layout, partition.topic, partition.partition, partition.timestamp_type)
-    return read_range(ClusterTransport(client), partition.range, columns=layout.fetch_columns,
-                      convert=converter.convert, fetch_timeout_s=opts.fetch_timeout_ms / 1000,
-                      fail_on_data_loss=opts.fail_on_data_loss, max_bytes=opts.fetch_max_bytes, stats=stats)
+    stats = stats if stats is not None else ReadStats()
+    batches = read_range(ClusterTransport(client), partition.range, columns=layout.fetch_columns,
+                         convert=converter.convert, fetch_timeout_s=opts.fetch_timeout_ms / 1000,
+                         fail_on_data_loss=opts.fail_on_data_loss, max_bytes=opts.fetch_max_bytes, stats=stats)
+    if os.environ.get("REPLIKAFKA_SPARK_DEBUG"):
+        return _logged(batches, partition, stats)
+    return batches
+
+
+def _logged(batches: Iterator, partition: "RangePartition", stats: ReadStats) -> Iterator:
+    """``REPLIKAFKA_SPARK_DEBUG=1``: one line per task on the worker's stderr (Spark's executor log)."""
+    started = time.perf_counter()
+    yield from batches
+    took = time.perf_counter() - started
+    print(f"replikafka read {partition.topic}-{partition.partition} [{partition.start}, {partition.end}): "
+          f"{stats.records} records, {stats.bytes} bytes, {stats.fetches} fetches, {took:.3f}s "
+          f"({stats.wait_s:.3f}s waiting for the broker), {stats.retries} retries, {stats.waits} HW waits, "
+          f"leaders {sorted(stats.leaders)}", file=sys.stderr, flush=True)
 
 
 def check_same_schema(topics: dict, expected, option: str) -> None:

@@ -25,6 +25,9 @@ from replikafka.spark.options import OptionError, Subscription
 
 REQUEST_TIMEOUT_MS = 30_000
 RETRY_BACKOFF_MS = 100
+#: Let brokers send Fetch answers (MBs of Arrow) in large HTTP/2 frames: measured
+#: ~5-10% less CPU on both ends than gRPC's default 16 KiB frames.
+CHANNEL_OPTIONS = [("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1)]
 
 _clients: dict[tuple[int, str], "ClusterClient"] = {}
 _clients_lock = threading.Lock()
@@ -49,7 +52,7 @@ class ClusterClient:
         except E.InvalidConfigError as exc:
             raise OptionError("bootstrap.servers", exc.message) from None
         self.request_timeout_ms = request_timeout_ms
-        self.pool = ConnectionPool()
+        self.pool = ConnectionPool(options=CHANNEL_OPTIONS)
         self.metadata = ClusterMetadata(self.pool, self.bootstrap, request_timeout_ms=request_timeout_ms,
                                         retry_backoff_ms=RETRY_BACKOFF_MS)
 

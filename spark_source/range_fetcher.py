@@ -46,6 +46,7 @@ FETCH_MAX_WAIT_MS = 500
 RETRY_BACKOFF_S = 0.05
 RETRY_BACKOFF_MAX_S = 1.0
 EMPTY_ANSWER_PAUSE_S = 0.01
+MIN_FETCH_BYTES = 64 * 1024
 
 
 class Transport(Protocol):
@@ -62,7 +63,11 @@ class ClusterTransport:
         self.client = client
 
     def leader(self, tp):
-        return self.client.leader(tp)
+        found = self.client.leader(tp)
+        if found is None and self.client.metadata.partition(*tp) is None:
+            self.client.refresh([tp[0]])        # a fresh worker process: learn the topic first
+            found = self.client.leader(tp)
+        return found
 
     def refresh(self, topics):
         self.client.refresh(topics)
@@ -94,6 +99,7 @@ class ReadStats:
     retries: int = 0
     waits: int = 0
     skipped: int = 0
+    wait_s: float = 0.0          # time spent waiting for Fetch answers
     leaders: set = field(default_factory=set)
     errors: list = field(default_factory=list)
 
@@ -138,6 +144,8 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
         sleep(min(backoff, remaining))
         backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
 
+    bytes_per_record = 0.0      # learnt from the answers; caps the last fetch near ``end``
+
     def start_fetch(offset: int):
         leader = transport.leader(tp)
         if leader is None:
@@ -147,7 +155,11 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
         stats.fetches += 1
         wait_ms = int(max(0, min(FETCH_MAX_WAIT_MS, (deadline - clock()) * 1000)))
         timeout_s = max(deadline - clock(), 0.001) + wait_ms / 1000 + 5.0
-        return offset, transport.fetch_async(target, _request(tp, offset, epoch, max_bytes, columns, wait_ms),
+        want = max_bytes
+        if bytes_per_record:
+            # Do not make the broker read and send much past the planned end.
+            want = int(min(max_bytes, max(MIN_FETCH_BYTES, (end - offset) * bytes_per_record * 1.1 + 4096)))
+        return offset, transport.fetch_async(target, _request(tp, offset, epoch, want, columns, wait_ms),
                                              timeout_s)
 
     try:
@@ -163,7 +175,9 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
             call = pending[1]
             pending = None
             try:
+                waited = time.perf_counter()
                 response = call.result()
+                stats.wait_s += time.perf_counter() - waited
                 part = next((p for p in response.partitions if p.topic == tp[0] and p.partition == tp[1]), None)
                 if part is None:
                     raise E.ReplikafkaError(f"{where()}: the Fetch answer has no entry for the partition")
@@ -196,7 +210,8 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
                 transport.refresh([tp[0]])
                 pause()
                 continue
-            if part.record_count == 0 or not part.records:
+            records = part.records if part.record_count else b""     # upb copies on every access: once
+            if not records:
                 # At or above this leader's HW: committed at planning, not readable here yet.
                 stats.waits += 1
                 last = f"offset {pos} is not below the leader's high watermark {part.high_watermark} yet"
@@ -207,11 +222,12 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
                 else:
                     sleep(EMPTY_ANSWER_PAUSE_S)   # the broker already held the fetch; do not spin
                 continue
-            stats.bytes += len(part.records)
+            stats.bytes += len(records)
+            bytes_per_record = len(records) / part.record_count
             base = part.records_base_offset
             if base > pos:
                 raise E.CorruptRecordError(f"{where()}: asked for offset {pos}, the broker answered from {base}")
-            reader = ipc.open_stream(pa.py_buffer(part.records))
+            reader = ipc.open_stream(pa.py_buffer(records))
             take = min(base + part.record_count, end) - pos
             next_pos = pos + take
             if next_pos < end:

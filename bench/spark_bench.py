@@ -1,0 +1,234 @@
+"""Spark batch read: ``format("replikafka")`` from a 3-broker cluster, against
+the limit of the API it is built on.
+
+The limit: the same Spark Python Data Source API, the same planned ranges and
+the same Arrow -> Spark conversion (:class:`replikafka.spark.arrow_convert.BatchConverter`),
+reading the same records straight from local Arrow IPC files (memory-mapped)
+instead of fetching them from the brokers. The ratio replikafka / local files
+is the share of that limit the network path keeps (goal: >= 0.8). Spark's own
+Parquet reader over the same records is printed as context: it skips the
+Python worker altogether.
+
+A second pair reads with ``columns=value,offset`` (the projection done by the
+broker; the file baseline projects the same columns). Every reader runs the
+same query, which must touch every value byte:
+``count(*), sum(length(value)), max(offset)``. Each is run once to warm up,
+then ``RUNS`` times; the best run counts. Data: ``RECORDS`` records of
+``VALUE_BYTES``-byte values with 8-byte keys in 3 partitions (RF 3),
+produced before timing starts.
+
+``run()`` returns the table rows; ``python -m bench spark`` prints them.
+Sizes can be changed with ``REPLIKAFKA_BENCH_SPARK_RECORDS``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+from pyspark.sql.datasource import DataSource, DataSourceReader
+
+RECORDS = int(os.environ.get("REPLIKAFKA_BENCH_SPARK_RECORDS", 3_000_000))
+VALUE_BYTES = 100
+PARTITIONS = 3
+SPLITS = 6                 # Spark tasks per scan (2 cores)
+RUNS = 3
+TOPIC = "bench-spark"
+BASE_TS_MS = 1_700_000_000_000
+
+
+# ---------------------------------------------------------------- the baseline source
+class LocalArrowFilesSource(DataSource):
+    """The same ranges, read from ``<dir>/<partition>.arrow`` instead of the brokers."""
+
+    @classmethod
+    def name(cls):
+        return "replikafka_bench_local_files"
+
+    def _columns(self):
+        raw = self.options.get("columns")
+        return tuple(c.strip() for c in raw.split(",")) if raw else None
+
+    def schema(self):
+        from replikafka.records import KAFKA_SCHEMA
+        from replikafka.spark.arrow_convert import output_layout
+        return output_layout(KAFKA_SCHEMA, columns=self._columns()).spark_schema
+
+    def reader(self, schema):
+        return _LocalFilesReader(self.options["dir"], self.options["topic"], int(self.options["splits"]),
+                                 self._columns())
+
+
+class _LocalFilesReader(DataSourceReader):
+    def __init__(self, directory: str, topic: str, splits: int, columns=None):
+        from replikafka.records import KAFKA_SCHEMA
+        from replikafka.spark.arrow_convert import output_layout
+        self.directory, self.topic, self.splits = directory, topic, splits
+        self.layout = output_layout(KAFKA_SCHEMA, columns=columns)
+
+    def partitions(self):
+        from replikafka.spark.batch_reader import RangePartition
+        from replikafka.spark.offsets_planning import OffsetRange, split_ranges
+        ranges = []
+        for p in range(PARTITIONS):
+            with pa.memory_map(os.path.join(self.directory, f"{p}.arrow")) as f:
+                n = ipc.open_file(f).read_all().num_rows
+            ranges.append(OffsetRange(self.topic, p, 0, n))
+        return [RangePartition(r.topic, r.partition, r.start, r.end)
+                for r in split_ranges(ranges, min_partitions=self.splits)]
+
+    def read(self, partition):
+        from replikafka.spark.arrow_convert import BatchConverter
+        conv = BatchConverter(self.layout, partition.topic, partition.partition, 0)
+        source = pa.memory_map(os.path.join(self.directory, f"{partition.partition}.arrow"))
+        reader = ipc.open_file(source)
+        offset = 0
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            lo, hi = max(offset, partition.start), min(offset + batch.num_rows, partition.end)
+            if hi > lo:
+                yield conv.convert(batch.slice(lo - offset, hi - lo), lo)
+            offset += batch.num_rows
+            if offset >= partition.end:
+                break
+
+
+# ---------------------------------------------------------------- data
+def _batches(partition: int, n: int, rows_per_batch: int = 8192):
+    from replikafka.records import KAFKA_SCHEMA, TIMESTAMP_TYPE, stored_schema
+    schema = stored_schema(KAFKA_SCHEMA)
+    rng = np.random.default_rng(partition)
+    for start in range(0, n, rows_per_batch):
+        k = min(rows_per_batch, n - start)
+        keys = np.arange(start, start + k, dtype=np.int64).view(np.uint8).reshape(k, 8)
+        values = rng.integers(32, 127, size=(k, VALUE_BYTES), dtype=np.uint8)
+        key_arr = pa.Array.from_buffers(pa.binary(), k, [None, pa.py_buffer(np.arange(0, 8 * k + 1, 8, dtype=np.int32)),
+                                                         pa.py_buffer(keys.tobytes())])
+        val_arr = pa.Array.from_buffers(pa.binary(), k, [None, pa.py_buffer(
+            np.arange(0, VALUE_BYTES * k + 1, VALUE_BYTES, dtype=np.int32)), pa.py_buffer(values.tobytes())])
+        ts = pa.array(np.full(k, BASE_TS_MS + partition, dtype=np.int64)).cast(TIMESTAMP_TYPE)
+        yield pa.RecordBatch.from_arrays([key_arr, val_arr, pa.nulls(k, KAFKA_SCHEMA.field("headers").type), ts],
+                                         schema=schema)
+
+
+def _prepare(bootstrap: str, directory: str) -> int:
+    """Produce the records to the topic and write the same batches to local files; returns bytes."""
+    from replikafka.client.admin import Admin
+    from replikafka.client.producer import Producer
+    Admin(bootstrap).create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3)
+    per = RECORDS // PARTITIONS
+    total_bytes = 0
+    with Producer(bootstrap, acks="all", linger_ms=5, batch_size=1 << 20) as producer:
+        futures = []
+        for p in range(PARTITIONS):
+            path = os.path.join(directory, f"{p}.arrow")
+            with pa.OSFile(path, "wb") as sink:
+                writer = None
+                for b in _batches(p, per):
+                    if writer is None:
+                        writer = ipc.new_file(sink, b.schema)
+                    writer.write_batch(b)
+                    total_bytes += b.nbytes
+                    futures.append(producer.send(TOPIC, b, partition=p))
+                writer.close()
+        for f in futures:
+            f.result(timeout=300)
+    return total_bytes
+
+
+def _time_queries(readers: dict) -> dict[str, tuple[float, tuple]]:
+    """Best time and result of the query for each reader. The readers take turns
+    (A, B, C, A, B, C, ...) so a change of load on the machine hits them alike;
+    round 0 warms up."""
+    from pyspark.sql import functions as F
+    best = {name: (float("inf"), None) for name in readers}
+    for i in range(RUNS + 1):
+        for name, df_factory in readers.items():
+            df = df_factory()
+            t0 = time.perf_counter()
+            result = tuple(df.agg(F.count("*"), F.sum(F.length("value")), F.max("offset")).collect()[0])
+            took = time.perf_counter() - t0
+            if i and took < best[name][0]:
+                best[name] = (took, result)
+    return best
+
+
+def run() -> list[dict]:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # Spark's Python workers import this module (the baseline source) by name.
+    os.environ["PYTHONPATH"] = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    workdir = tempfile.mkdtemp(prefix="replikafka-bench-spark-")
+    from replikafka.local_cluster import LocalCluster
+    cluster = LocalCluster(os.path.join(workdir, "cluster"), 3, die_with_parent=True)
+    spark = None
+    try:
+        cluster.start()
+        files = os.path.join(workdir, "files")
+        os.makedirs(files)
+        t0 = time.perf_counter()
+        data_bytes = _prepare(cluster.bootstrap_servers, files)
+        print(f"bench spark: produced {RECORDS:,} records ({data_bytes / 1e6:,.0f} MB) in "
+              f"{time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        from replikafka.spark import local_session
+        spark = local_session("replikafka-bench", "local[2]", {"spark.sql.shuffle.partitions": "2"})
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(LocalArrowFilesSource)
+        bs = cluster.bootstrap_servers
+        parquet_dir = os.path.join(workdir, "parquet")
+        (spark.read.format("replikafka_bench_local_files").option("dir", files).option("topic", TOPIC)
+         .option("splits", str(SPLITS)).load().write.parquet(parquet_dir))
+
+        def replikafka(columns=None):
+            r = (spark.read.format("replikafka").option("bootstrap.servers", bs).option("subscribe", TOPIC)
+                 .option("minPartitions", str(SPLITS)))
+            return (r.option("columns", columns) if columns else r).load()
+
+        def local_files(columns=None):
+            r = (spark.read.format("replikafka_bench_local_files").option("dir", files).option("topic", TOPIC)
+                 .option("splits", str(SPLITS)))
+            return (r.option("columns", columns) if columns else r).load()
+
+        timed = _time_queries({
+            "replikafka": replikafka, "files": local_files,
+            "replikafka_projected": lambda: replikafka("value,offset"),
+            "files_projected": lambda: local_files("value,offset"),
+            "parquet": lambda: spark.read.parquet(parquet_dir)})
+        replikafka_s, r1 = timed["replikafka"]
+        files_s, r2 = timed["files"]
+        parquet_s, r3 = timed["parquet"]
+        projected_s, r4 = timed["replikafka_projected"]
+        projected_files_s, r5 = timed["files_projected"]
+        n = (RECORDS // PARTITIONS) * PARTITIONS
+        if not (r1 == r2 == r3 == r4 == r5 and r1[0] == n):
+            raise AssertionError(f"the readers disagree: replikafka {r1}, local files {r2}, parquet {r3}, "
+                                 f"projected {r4}, projected files {r5}")
+    finally:
+        if spark is not None:
+            spark.stop()
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    mb = data_bytes / 1e6
+    return [
+        {"bench": "spark", "metric": "batch read, replikafka (3 brokers)", "value": n / replikafka_s,
+         "unit": "records/s", "baseline": n / files_s, "ratio": files_s / replikafka_s},
+        {"bench": "spark", "metric": "batch read, replikafka (3 brokers)", "value": mb / replikafka_s,
+         "unit": "MB/s", "baseline": mb / files_s, "ratio": files_s / replikafka_s},
+        {"bench": "spark", "metric": "batch read, same API from local Arrow files", "value": n / files_s,
+         "unit": "records/s"},
+        {"bench": "spark", "metric": "batch read, columns=value,offset (broker projection)",
+         "value": n / projected_s, "unit": "records/s", "baseline": n / projected_files_s,
+         "ratio": projected_files_s / projected_s},
+        {"bench": "spark", "metric": "batch read, Spark Parquet (context)", "value": n / parquet_s,
+         "unit": "records/s", "baseline": n / replikafka_s, "ratio": replikafka_s / parquet_s},
+        {"bench": "spark", "metric": "records read per scan", "value": n, "unit": "records"},
+    ]
+
+
+if __name__ == "__main__":
+    from bench import print_table
+    print_table(run())
