@@ -91,10 +91,32 @@ def throughput(root: str) -> list[dict]:
                  unit="records/s", baseline=RECORDS / base, ratio=base / ours)]
 
 
+def _write_everywhere(address: str, topic: str, n: int) -> None:
+    """One record to every partition, in one Produce request to the new leader
+    (repeated for the partitions that are not ready yet): when it returns, every
+    partition accepts writes."""
+    from replikafka import records as R
+    b = R.to_record_batch([{"value": b"x"}], R.parse_schema("value BINARY"), timestamp_ms=0)
+    payload = R.encode_stream(b.schema, [b]).to_pybytes()
+    stub = pbg.ReplikafkaStub(grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 << 20),
+                                                                      ("grpc.max_send_message_length", 256 << 20)]))
+    todo = list(range(n))
+    deadline = time.time() + 600
+    while todo and time.time() < deadline:
+        resp = stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
+            pb.PartitionProduceData(topic=topic, partition=p, records=payload) for p in todo]), timeout=120)
+        todo = [r.partition for r in resp.partitions if r.error.code]
+        if todo:
+            time.sleep(0.05)
+    if todo:
+        raise RuntimeError(f"{len(todo)} partitions never accepted a write")
+
+
 def failover_at_scale(root: str) -> list[dict]:
     n = SCALE_PARTITIONS
     cluster = LocalCluster(os.path.join(root, "scale"), 3, die_with_parent=True,
-                           overrides={"zookeeper.session.timeout.ms": "3000", "replica.lag.time.max.ms": "60000"})
+                           overrides={"zookeeper.session.timeout.ms": "3000", "replica.lag.time.max.ms": "60000",
+                                      "message.max.bytes": str(64 << 20)})
     rows = []
     try:
         cluster.start()
@@ -102,7 +124,8 @@ def failover_at_scale(root: str) -> list[dict]:
         leader, follower = [b for b in cluster.ids if b != controller][:2]
         stub = pbg.ReplikafkaStub(grpc.insecure_channel(cluster.address(follower), options=[
             ("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]))
-        req = pb.CreateTopicRequest(name="big", replication_factor=2, timeout_ms=600_000)
+        req = pb.CreateTopicRequest(name="big", replication_factor=2, timeout_ms=600_000,
+                                    schema=pa.schema([("value", pa.binary())]).serialize().to_pybytes())
         for p in range(n):
             req.assignment[p].replicas.extend([leader, follower])
         t = time.perf_counter()
@@ -117,10 +140,7 @@ def failover_at_scale(root: str) -> list[dict]:
         _wait(lambda: all(p.leader == follower for p in admin.describe_topic("big").partitions), 600,
               "new leaders")
         all_led = time.time()
-        with replikafka.Producer(cluster.address(follower), acks=1, idempotent=False, linger_ms=0) as prod:
-            futs = [prod.send("big", b"x", partition=p) for p in range(n)]
-            for f in futs:
-                f.result(timeout=600)
+        _write_everywhere(cluster.address(follower), "big", n)
         all_written = time.time()
         noticed = _wait(lambda: _first_line(cluster, controller, rf"brokers \[{leader}\] failed", killed_at - 1),
                         30, "the controller's log line")[0]

@@ -43,6 +43,7 @@ class LeaderEpochFileCache:
         self.path = path
         self._lock = threading.Lock()
         self._entries: list[EpochEntry] = self._load()
+        self._dirty = False
 
     # ---- file ------------------------------------------------------------------
     def _load(self) -> list[EpochEntry]:
@@ -73,6 +74,7 @@ class LeaderEpochFileCache:
         lines = [str(_VERSION), str(len(self._entries))]
         lines += [f"{e.epoch} {e.start_offset}" for e in self._entries]
         atomic_write_bytes(self.path, ("\n".join(lines) + "\n").encode())
+        self._dirty = False
 
     # ---- queries ---------------------------------------------------------------
     def entries(self) -> list[EpochEntry]:
@@ -141,8 +143,19 @@ class LeaderEpochFileCache:
             while self._entries and self._entries[-1].start_offset > start_offset:
                 self._entries.pop()
             self._entries.append(EpochEntry(epoch, start_offset))
-            self._write()
+            # Not written here: a partition becoming leader (thousands at once in a
+            # failover) must not wait for an fsync each. The batches carry their
+            # epoch, recovery re-assigns epochs from the batches it scans, and the
+            # log flushes this file before its recovery point passes the new epoch
+            # (Log.flush), so nothing below the recovery point depends on it.
+            self._dirty = True
             return True
+
+    def flush(self) -> None:
+        """Write the checkpoint (tmp, fsync, rename) if an assign changed it."""
+        with self._lock:
+            if self._dirty:
+                self._write()
 
     def truncate_from_end(self, end_offset: int) -> None:
         """Drop entries starting at or after `end_offset` (the log was truncated there)."""

@@ -730,6 +730,9 @@ class Log:
         """fsync everything below `up_to` (default: the log end) and advance the
         recovery point. The fsyncs run outside the mutation lock."""
         with self._flush_lock:
+            # The epoch history must be durable before the recovery point passes
+            # the batches that started an epoch (recovery only re-reads past it).
+            self._epoch_cache.flush()
             with self._lock:
                 target = self._leo if up_to is None else min(up_to, self._leo)
                 dir_dirty, self._dir_dirty = self._dir_dirty, False

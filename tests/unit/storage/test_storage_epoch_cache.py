@@ -36,6 +36,7 @@ def test_a_newer_epoch_starting_lower_replaces_conflicting_entries(tmp_path):
 
 def test_file_format_and_reload(tmp_path):
     cache = cache_with(tmp_path, (0, 0), (2, 17), (5, 300))
+    cache.flush()
     assert open(cache.path).read() == "0\n3\n0 0\n2 17\n5 300\n"
     again = LeaderEpochFileCache(cache.path)
     assert again.entries() == cache.entries()
@@ -97,3 +98,13 @@ def test_epoch_for_offset_and_clear(tmp_path):
     assert [cache.epoch_for_offset(o) for o in (5, 10, 19, 20, 99)] == [-1, 1, 1, 3, 3]
     cache.clear()
     assert cache.entries() == [] and open(cache.path).read() == "0\n0\n"
+
+
+def test_assign_defers_the_write_until_flush(tmp_path):
+    """Becoming leader of thousands of partitions must not fsync each: assign
+    only marks the cache dirty; Log.flush writes it before the recovery point moves."""
+    cache = LeaderEpochFileCache(str(tmp_path / "leader-epoch-checkpoint"))
+    cache.assign(3, 10)
+    assert LeaderEpochFileCache(cache.path).entries() == []
+    cache.flush()
+    assert [(e.epoch, e.start_offset) for e in LeaderEpochFileCache(cache.path).entries()] == [(3, 10)]
