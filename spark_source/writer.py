@@ -1,5 +1,16 @@
 """The sink: ``df.write.format("replikafka")`` and ``df.writeStream.format("replikafka")``.
 
+Usage: ``df.write.format("replikafka").mode("append").option("bootstrap.servers", bs)
+.option("topic", "events").save()``. Spark accepts only the Append and Overwrite
+save modes for Python data sources (its default, ErrorIfExists, is refused by
+Spark before we are asked); a topic only appends, so Overwrite is refused here.
+Without the ``topic`` option each row's ``topic`` column names its topic.
+Input columns: the topic's own columns by name (for Kafka-shaped topics
+``value``, optionally ``key`` and ``headers``; ``string`` is stored as
+``binary``), plus optional ``partition`` and ``timestamp``; ``offset`` and
+``timestampType`` (from a DataFrame read from a topic) are ignored; anything
+else is an error naming the column.
+
 Rows arrive as Arrow batches (``DataSourceArrowWriter`` /
 ``DataSourceStreamArrowWriter``), are converted to the topic's stored schema
 (:func:`~replikafka.spark.arrow_convert.to_stored_batch`), routed to partitions

@@ -61,15 +61,18 @@ class TopicTool:
 
     def fill(self, topic: str, counts: dict[int, int], value_bytes: int = 0, headers: bool = False,
              batch_rows: int | None = None) -> None:
-        """Append ``counts[p]`` Kafka-shaped records to each partition, numbered on from what is there
-        (in appends of ``batch_rows`` records, if given)."""
+        """Append ``counts[p]`` Kafka-shaped records to each partition, numbered on from what is there.
+        With ``batch_rows``: one acknowledged append (one stored batch) per ``batch_rows`` records."""
         hw = self.high_watermarks(topic)
         futures = []
         for p, n in counts.items():
             step = batch_rows or n or 1
             for start in range(0, n, step):
-                futures.append(self.producer.send(topic, kafka_batch(p, hw[p] + start, min(step, n - start),
-                                                                     value_bytes, headers), partition=p))
+                f = self.producer.send(topic, kafka_batch(p, hw[p] + start, min(step, n - start), value_bytes,
+                                                          headers), partition=p)
+                if batch_rows:
+                    f.result(timeout=60)
+                futures.append(f)
         for f in futures:
             f.result(timeout=60)
 
