@@ -134,6 +134,11 @@ def failover_at_scale(root: str) -> list[dict]:
             raise RuntimeError(f"create: {resp.error}")
         create_s = time.perf_counter() - t
         admin = replikafka.Admin(cluster.address(follower))
+        # Both brokers have taken up their roles for every partition (not only the
+        # controller's view), so the failover below measures failover alone.
+        for b in (leader, follower):
+            _wait(lambda b=b: _first_line(cluster, b, rf"LeaderAndIsr from .*: {n} partitions in"), 900,
+                  f"broker {b} to take up its {n} replicas")
         _wait(lambda: all(len(p.isr) == 2 for p in admin.describe_topic("big").partitions), 600, "followers in sync")
         killed_at = time.time()
         cluster.kill(leader)

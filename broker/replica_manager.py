@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pyarrow as pa
 
@@ -68,6 +69,7 @@ class ReplicaManager:
             self.controller_epoch = epoch
 
     def leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
+        started = time.monotonic()
         self._check_controller_epoch(req.controller_epoch)
         self.metadata.apply_leader_and_isr(req)
         topics = {t.name: t for t in req.topics}
@@ -94,6 +96,8 @@ class ReplicaManager:
             except E.ReplikafkaError as exc:
                 out.partitions.append(pb.PartitionError(topic=tp[0], partition=tp[1], error=to_pb(exc)))
         self.notify_data()
+        log.info("LeaderAndIsr from controller %d (epoch %d): %d partitions in %.3fs", req.controller_id,
+                 req.controller_epoch, len(req.partitions), time.monotonic() - started)
         return out
 
     def _get_or_create(self, tp: TP, info: pb.TopicInfo | None) -> Partition:
