@@ -6,8 +6,8 @@
                    take its brokers down.
 ``own_cluster``    per test: ``own_cluster(**overrides)`` -> a separate cluster
                    for a test that kills brokers (never restarted).
-Clusters start through the ``replikafka cluster`` command (see
-``spark_helpers.CliCluster`` for why not in-process).
+Clusters run under a small keeper process (see ``spark_helpers.KeptCluster``
+for why not in this process).
 ``spark``          session: ONE local SparkSession (local[2], 2 shuffle
                    partitions), made through ``replikafka.spark.local_session``
                    which sets PYSPARK_PYTHON to this interpreter and makes
@@ -25,7 +25,7 @@ import uuid
 import pytest
 
 import zk_harness
-from spark_helpers import CliCluster, TopicTool
+from spark_helpers import KeptCluster, TopicTool
 
 SPARK_CLUSTER_OVERRIDES = {
     "zookeeper.session.timeout.ms": "4000",
@@ -39,7 +39,7 @@ SPARK_CLUSTER_OVERRIDES = {
 def spark_cluster(zk_server, _zk_admin, tmp_path_factory):
     chroot = zk_harness.new_chroot(_zk_admin, "spark")
     base = tmp_path_factory.mktemp("spark-cluster")
-    cluster = CliCluster(str(base / "cluster"), zk_server.connect_string + chroot, SPARK_CLUSTER_OVERRIDES)
+    cluster = KeptCluster(str(base / "cluster"), zk_server.connect_string + chroot, SPARK_CLUSTER_OVERRIDES)
     try:
         cluster.start()
     except BaseException:
@@ -61,7 +61,7 @@ def own_cluster(tmp_path, zk_connect):
     made = []
 
     def make(**overrides):
-        c = CliCluster(str(tmp_path / f"own{len(made)}"), zk_connect, {**SPARK_CLUSTER_OVERRIDES, **overrides})
+        c = KeptCluster(str(tmp_path / f"own{len(made)}"), zk_connect, {**SPARK_CLUSTER_OVERRIDES, **overrides})
         made.append(c)
         c.start()
         return c

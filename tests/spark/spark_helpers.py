@@ -108,58 +108,82 @@ class TopicTool:
             self._producer.close()
 
 
-class CliCluster:
-    """A local cluster started through ``python -m replikafka cluster start``.
+_KEEPER = r"""
+import ctypes, json, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG: die with the test process
+if os.getppid() != int(sys.argv[4]):
+    sys.exit(3)
+from replikafka.local_cluster import LocalCluster
+cluster = LocalCluster(sys.argv[1], 3, zookeeper_connect=sys.argv[2], overrides=json.loads(sys.argv[3]),
+                       die_with_parent=True)
+try:
+    cluster.start()
+except BaseException as exc:
+    cluster.stop()
+    print(json.dumps({"error": str(exc)}), flush=True)
+    sys.exit(2)
+print(json.dumps({"bootstrap": cluster.bootstrap_servers, "ports": cluster.ports}), flush=True)
+for line in sys.stdin:
+    words = line.split()
+    if words and words[0] == "kill":
+        cluster.kill(int(words[1]))
+        print("ok", flush=True)
+    elif words and words[0] == "stop":
+        break
+cluster.stop()
+print("stopped", flush=True)
+"""
+
+
+class KeptCluster:
+    """A local 3-broker cluster run by a small keeper process.
 
     Why not ``LocalCluster`` in this process: it starts brokers with a
     ``preexec_fn`` (a plain ``fork()``), and a fork of a process that already
     runs gRPC (this one does, once a test has used a client) can abort the
     child inside gRPC's fork handlers ("epoll_wait error: Bad file
-    descriptor", exit -6). The CLI process has no gRPC, and this process
-    starts it with ``vfork``-style spawning (no ``preexec_fn``).
+    descriptor", exit -6). The keeper has no gRPC, is started without a
+    ``preexec_fn`` and ties itself to this process (PDEATHSIG); its brokers are
+    tied to it. So nothing outlives a killed test run.
     """
 
-    def __init__(self, base_dir: str, zookeeper_connect: str, overrides: dict[str, str], brokers: int = 3):
+    def __init__(self, base_dir: str, zookeeper_connect: str, overrides: dict[str, str]):
         self.base_dir = base_dir
         self.zookeeper_connect = zookeeper_connect
         self.overrides = overrides
-        self.n = brokers
-        self.state: dict = {}
+        self.proc = None
+        self.info: dict = {}
 
-    def start(self) -> "CliCluster":
+    def start(self) -> "KeptCluster":
+        import json
+        import os
         import subprocess
         import sys
-        cmd = [sys.executable, "-m", "replikafka", "cluster", "start", "--dir", self.base_dir,
-               "--brokers", str(self.n), "--zookeeper", self.zookeeper_connect]
-        for k, v in self.overrides.items():
-            cmd += ["--override", f"{k}={v}"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-        if done.returncode != 0:
-            raise RuntimeError(f"cluster start failed ({done.returncode}): {done.stdout}\n{done.stderr}")
-        from replikafka.local_cluster import load_state
-        self.state = load_state(self.base_dir)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _KEEPER, self.base_dir, self.zookeeper_connect, json.dumps(self.overrides),
+             str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        self.info = json.loads(line) if line.strip() else {"error": f"keeper exited with {self.proc.wait()}"}
+        if "error" in self.info:
+            raise RuntimeError(f"cluster start failed: {self.info['error']}")
         return self
 
     @property
     def ids(self) -> list[int]:
-        return sorted(int(b) for b in self.state["brokers"])
+        return sorted(int(b) for b in self.info.get("ports", {}))
 
     @property
     def bootstrap_servers(self) -> str:
-        return self.state["bootstrap_servers"]
+        return self.info["bootstrap"]
 
     def address(self, broker_id: int) -> str:
-        return f"127.0.0.1:{self.state['brokers'][str(broker_id)]['port']}"
+        return f"127.0.0.1:{self.info['ports'][str(broker_id)]}"
 
     def kill(self, broker_id: int) -> None:
-        import os
-        import signal
-        from replikafka.local_cluster import pid_alive
-        pid = self.state["brokers"][str(broker_id)]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.time() + 10
-        while pid_alive(pid) and time.time() < deadline:
-            time.sleep(0.02)
+        """SIGKILL one broker."""
+        self.proc.stdin.write(f"kill {broker_id}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
 
     def tail(self, broker_id: int, lines: int = 15) -> str:
         import os
@@ -171,9 +195,12 @@ class CliCluster:
             return ""
 
     def stop(self) -> None:
-        import subprocess
-        import sys
-        if self.state:
-            subprocess.run([sys.executable, "-m", "replikafka", "cluster", "stop", "--dir", self.base_dir],
-                           capture_output=True, timeout=120)
-            self.state = {}
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.proc.stdin.write("stop\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=120)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
