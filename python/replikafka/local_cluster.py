@@ -19,9 +19,11 @@ import time
 from kazoo.client import KazooClient
 
 from replikafka.errors import ReplikafkaError
-from replikafka.zookeeper_server import ZooKeeperServer, _set_pdeathsig, free_port
+from replikafka.zookeeper_server import ZooKeeperServer, free_port
 
 STATE_FILE = "cluster.json"
+#: Set by LocalCluster(die_with_parent=True): the broker exits when this process dies.
+PARENT_PID_ENV = "REPLIKAFKA_DIE_WITH_PARENT_PID"
 START_TIMEOUT_S = 60.0
 
 #: Settings that make a local cluster react quickly; users may override any.
@@ -104,10 +106,15 @@ class LocalCluster:
         path = self._write_properties(broker_id)
         out = open(self.log_path(broker_id), "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.die_with_parent:
+            # The broker asks the kernel itself (no preexec_fn: forking a process
+            # that runs gRPC and running Python in the child can abort the child).
+            env[PARENT_PID_ENV] = str(os.getpid())
+        else:
+            env.pop(PARENT_PID_ENV, None)
         self.procs[broker_id] = subprocess.Popen(
             [sys.executable, "-m", "replikafka", "broker", path], stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-            preexec_fn=_set_pdeathsig if self.die_with_parent and sys.platform.startswith("linux") else None)
+            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         out.close()
         if wait:
             self.wait_registered([broker_id], timeout_s)

@@ -360,10 +360,16 @@ class ZooKeeperServer:
         self._out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
         self._out.flush()
         log_size = os.path.getsize(self.log_file) if os.path.exists(self.log_file) else 0
+        # die_with_parent: util-linux's setpriv sets the parent-death signal and
+        # execs the JVM. A preexec_fn would run Python in a child forked from a
+        # process that may run gRPC, which can abort the child.
+        setpriv = shutil.which("setpriv") if self.die_with_parent else None
+        if setpriv:
+            cmd = [setpriv, "--pdeathsig", "KILL", *cmd]
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT,
             cwd=self.data_dir, start_new_session=True,
-            preexec_fn=_set_pdeathsig if self.die_with_parent and _PRCTL is not None else None,
+            preexec_fn=_set_pdeathsig if self.die_with_parent and not setpriv and _PRCTL is not None else None,
         )
         try:
             self._wait_serving(timeout_s, log_size)
