@@ -45,7 +45,11 @@ def main(argv: list[str]) -> int:
                 return 2
             continue
         t0 = time.time()
-        rows.extend(mod.run())
+        try:
+            rows.extend(mod.run())
+        except Exception as exc:  # one broken benchmark must not hide the others' figures
+            print(f"bench {name} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+            rows.append(dict(bench=name, metric="FAILED", value=f"{type(exc).__name__}: {exc}"[:80]))
         print(f"bench {name}: {time.time() - t0:.1f}s", file=sys.stderr)
     print_table(rows)
     out = os.path.join(os.path.dirname(__file__), "results")

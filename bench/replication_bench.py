@@ -158,7 +158,7 @@ def failover_at_scale(root: str) -> list[dict]:
                          value=all_written - noticed, unit="s"))
         rows.append(dict(bench="replication", metric=f"create topic with {n} partitions", value=create_s, unit="s"))
         # Controller failover with the same state.
-        cluster.start_broker(leader)
+        cluster.start_broker(leader, timeout_s=900)  # recovers N logs after its kill -9
         killed_at = time.time()
         cluster.kill(controller)
         line = _wait(lambda: next((l for b in cluster.ids if b != controller and cluster.alive(b)
