@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, NamedTuple
 
@@ -49,12 +50,13 @@ REQUIRED: Any = _Required()
 # Python value from a dict) into the typed value. A failure raises ValueError
 # with a short reason; ConfigKey turns it into InvalidConfigError.
 # --------------------------------------------------------------------------
-class ConfigType:
+class ConfigType(ABC):
     name = "?"
     description = "?"
 
+    @abstractmethod
     def parse(self, raw: Any) -> Any:
-        raise NotImplementedError
+        """The typed value of a raw (string or Python) value; ValueError if it is not one."""
 
     def format(self, value: Any) -> str:
         return str(value)
@@ -152,12 +154,14 @@ LIST = _ListType()
 # Validators: check (and possibly normalize) an already-typed value.
 # ``describe()`` says what is allowed, for messages and the reference table.
 # --------------------------------------------------------------------------
-class Validator:
+class Validator(ABC):
+    @abstractmethod
     def __call__(self, value: Any) -> Any:
-        raise NotImplementedError
+        """The (possibly normalized) value; ValueError with a short reason if not allowed."""
 
+    @abstractmethod
     def describe(self) -> str:
-        raise NotImplementedError
+        """What is allowed, for messages and the reference table."""
 
 
 class Range(Validator):
