@@ -1,0 +1,110 @@
+"""The file mechanics shared by the segment indexes: a flat file of fixed-width
+numpy records, no header.
+
+Loaded whole with np.fromfile (a torn tail is noticed, not trusted); new
+entries are kept in memory and appended to the file by `write_pending` (on
+flush, seal and close), which saves a syscall per entry; `reset` rewrites the
+file (no fsync: these files are caches, fsynced with their segment on flush
+and rebuilt after an unclean stop).
+
+Thread-safety: mutations are serialised by the owning Log's lock; readers take
+the immutable (array, count) snapshot in `_state` and need no lock.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .fileio import fsync_path, replace_cache_file
+
+
+class EntryFile:
+    """Subclasses set DTYPE (a packed numpy record type)."""
+
+    DTYPE: np.dtype
+
+    def __init__(self, path: str, base_offset: int):
+        self.path = path
+        self.base_offset = base_offset
+        self._state = (np.zeros(64, dtype=self.DTYPE), 0)   # (array, valid entries), read as one snapshot
+        self._fd: int | None = None
+        self._persisted = 0                # entries already in the file
+        self._torn = False                 # file size was not a whole number of entries
+
+    def load(self) -> None:
+        """Read the file (missing = empty). Call sanity_check before trusting it."""
+        size = self.DTYPE.itemsize
+        if os.path.exists(self.path):
+            raw = np.fromfile(self.path, dtype=np.uint8)
+            usable = len(raw) - len(raw) % size
+            entries = raw[:usable].view(self.DTYPE).copy()
+            self._torn = len(raw) != usable
+        else:
+            entries = np.zeros(0, dtype=self.DTYPE)
+            self._torn = False
+        self._set(entries)
+
+    def _torn_message(self) -> str:
+        return f"{self.path}: size is not a multiple of {self.DTYPE.itemsize}"
+
+    def __len__(self) -> int:
+        return self._state[1]
+
+    def _append_entry(self, entry: tuple) -> None:
+        entries, n = self._state
+        if n == len(entries):
+            grown = np.zeros(max(64, 2 * len(entries)), dtype=self.DTYPE)
+            grown[:n] = entries[:n]
+            entries = grown
+        entries[n] = entry
+        self._state = (entries, n + 1)
+
+    def write_pending(self) -> None:
+        """Append the entries not yet in the file."""
+        entries, n = self._state
+        if n > self._persisted:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(self._fd, entries[self._persisted:n].tobytes())
+            self._persisted = n
+
+    def _keep_first(self, keep: int) -> None:
+        """Drop every entry from index `keep` on (rewrites the file if any go)."""
+        entries, n = self._state
+        if keep != n:
+            self.reset(entries[:keep].copy())
+
+    def reset(self, entries: np.ndarray | list[tuple]) -> None:
+        """Replace all entries (raw fields, as stored) and rewrite the file."""
+        arr = entries if isinstance(entries, np.ndarray) else np.array(entries, dtype=self.DTYPE)
+        self._close_fd()
+        replace_cache_file(self.path, arr.tobytes())
+        self._torn = False
+        self._set(arr)
+
+    def _set(self, entries: np.ndarray) -> None:
+        n = len(entries)
+        cap = np.zeros(max(64, n), dtype=self.DTYPE)
+        cap[:n] = entries
+        self._state = (cap, n)
+        self._persisted = n
+
+    def fsync(self) -> None:
+        fsync_path(self.path)
+
+    def close(self) -> None:
+        self.write_pending()
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def delete(self) -> None:
+        self._close_fd()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
