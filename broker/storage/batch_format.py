@@ -212,12 +212,18 @@ def is_end_of_stream(buf, pos: int, limit: int) -> bool:
     return pos + PREFIX_SIZE <= limit and _PREFIX.unpack_from(buf, pos) == (CONTINUATION, 0)
 
 
-def _frame(buf, pos: int, limit: int, where: str, want_custom: bool):
+def _metadata_length(buf, pos: int, limit: int, where: str) -> int:
+    """The metadata length in the message prefix at `pos` (0 = end-of-stream)."""
     if pos + PREFIX_SIZE > limit:
         raise CorruptRecordError(f"{where}: torn message prefix ({limit - pos} bytes left)")
     marker, meta_len = _PREFIX.unpack_from(buf, pos)
     if marker != CONTINUATION:
         raise CorruptRecordError(f"{where}: bad continuation marker {marker:#010x}")
+    return meta_len
+
+
+def _frame(buf, pos: int, limit: int, where: str, want_custom: bool):
+    meta_len = _metadata_length(buf, pos, limit, where)
     if meta_len == 0:
         return None
     if meta_len < 8 or meta_len % 8 or meta_len > MAX_METADATA_LENGTH:
@@ -302,11 +308,7 @@ def read_trusted(buf: pa.Buffer, pos: int, limit: int, schema: pa.Schema,
     decoded by Arrow itself (several times faster than framing in Python); None
     at end-of-stream. Used on the read path, for bytes that passed `decode_batch`
     when they were appended or recovered. Zero-copy over `buf`."""
-    if pos + PREFIX_SIZE > limit:
-        raise CorruptRecordError(f"{where}: torn message prefix ({limit - pos} bytes left)")
-    marker, meta_len = _PREFIX.unpack_from(buf, pos)
-    if marker != CONTINUATION:
-        raise CorruptRecordError(f"{where}: bad continuation marker {marker:#010x}")
+    meta_len = _metadata_length(buf, pos, limit, where)
     if meta_len == 0:
         return None
     try:
