@@ -47,7 +47,10 @@ class Partition:
         self._hw = min(hw, log.log_end_offset)
         self.producers = ProducerStateManager()
         for h in log.batch_headers(0):
-            self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset)
+            # "Last seen" counts from when this replica saw the batch (not its
+            # producer-set timestamp, which may be old): expiry never comes early.
+            self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset,
+                                  self.clock.time_ms())
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -244,7 +247,7 @@ class Partition:
                 n = info.record_count
                 for h in self.log.batch_headers(before):
                     self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count,
-                                          h.base_offset)
+                                          h.base_offset, self.clock.time_ms())
             new_hw = min(leader_hw, self.log.log_end_offset)
             if new_hw > self._hw:
                 self._hw = new_hw

@@ -106,6 +106,3 @@ class LeaderState:
         self.zk_version = zk_version
         self.pending_isr = None
         return self.maybe_advance_hw(leader_leo)
-
-    def in_sync(self, replica: int) -> bool:
-        return replica in self.isr

@@ -325,6 +325,16 @@ class ReplicaManager:
             self.notify_data()
         return len(changed)
 
+    def expire_producers(self) -> None:
+        """Forget idempotent producers silent for producer.id.expiration.ms (bounds the state)."""
+        expiration_ms = self.config.get("producer.id.expiration.ms")
+        now = self.clock.time_ms()
+        with self.lock:
+            parts = list(self.partitions.values())
+        for part in parts:
+            with part.lock:
+                part.producers.expire(now, expiration_ms)
+
     def high_watermarks(self) -> dict[TP, int]:
         with self.lock:
             return {tp: p.hw for tp, p in self.partitions.items()}

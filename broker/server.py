@@ -139,7 +139,7 @@ class BrokerServer:
         self._loop("isr-maintenance", self.replica_manager.do_isr_work,
                    min(cfg.get("replica.lag.time.max.ms") / 4, 500))
         self._loop("hw-checkpoint", self._checkpoint_hw, cfg.get("replica.high.watermark.checkpoint.interval.ms"))
-        self._loop("log-maintenance", lambda: self.log_manager.do_work(self.clock.time_ms()),
+        self._loop("log-maintenance", self._maintain_logs,
                    min(cfg.get("log.retention.check.interval.ms"), cfg.get("log.flush.scheduler.interval.ms"), 1000))
         self._loop("zk-session", self._session_work, 100)
         log.info("broker %d serving on %s:%d", self.broker_id, self.endpoint.host, self.endpoint.port)
@@ -209,6 +209,10 @@ class BrokerServer:
         t = threading.Thread(target=run, name=name, daemon=True)
         t.start()
         self.threads.append(t)
+
+    def _maintain_logs(self) -> None:
+        self.log_manager.do_work(self.clock.time_ms())
+        self.replica_manager.expire_producers()
 
     def _checkpoint_hw(self) -> None:
         self.log_manager.checkpoint_high_watermarks(self.replica_manager.high_watermarks())

@@ -265,20 +265,6 @@ class ZkStore:
                 pass
         return out
 
-    def update_partition_states(self, updates: dict[tuple[str, int], tuple[LeaderAndIsr, int]]
-                                ) -> tuple[dict[tuple[str, int], int], list[tuple[str, int]]]:
-        """Conditional writes, pipelined: {tp: (new state, expected version)} ->
-        ({tp: new version}, [tps whose version did not match])."""
-        asyncs = [(tp, self.zk.set_async(state_path(*tp), s.to_json(), version=v))
-                  for tp, (s, v) in updates.items()]
-        ok, failed = {}, []
-        for tp, a in asyncs:
-            try:
-                ok[tp] = a.get().version
-            except (BadVersionError, NoNodeError):
-                failed.append(tp)
-        return ok, failed
-
     def update_partition_state(self, topic: str, partition: int, state: LeaderAndIsr,
                                expected_version: int) -> int | None:
         try:

@@ -120,8 +120,3 @@ def preferred_leader_election(replicas: list[int], current: LeaderAndIsr, live: 
     if current.leader == preferred or preferred not in live or preferred not in current.isr:
         return None
     return LeaderAndIsr(preferred, current.leader_epoch + 1, current.isr, controller_epoch)
-
-
-def chunks(items: list, size: int):
-    for i in range(0, len(items), size):
-        yield items[i:i + size]

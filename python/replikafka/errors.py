@@ -93,11 +93,6 @@ class CorruptRecordError(RetriableError):
     code = "CORRUPT_MESSAGE"
 
 
-class ConcurrentTransactionsError(RetriableError):
-    """Another request for the same producer and partition is in flight."""
-    code = "CONCURRENT_TRANSACTIONS"
-
-
 # ---- not retriable ---------------------------------------------------------
 class OffsetOutOfRangeError(ReplikafkaError):
     """The requested offset is below the log start offset or beyond the log end offset."""

@@ -45,3 +45,11 @@ def test_non_idempotent_batches_are_never_checked():
     assert m.check(-1, -1, -1, 100) is None
     m.update(-1, -1, -1, 100, first_offset=0)
     assert m.producers == {}
+
+
+def test_producers_silent_past_the_expiration_are_forgotten():
+    m = ProducerStateManager()
+    m.update(1, 0, 0, 1, first_offset=0, now_ms=1_000)
+    m.update(2, 0, 0, 1, first_offset=1, now_ms=50_000)
+    m.expire(now_ms=60_000, expiration_ms=30_000)
+    assert list(m.producers) == [2]
