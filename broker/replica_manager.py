@@ -60,7 +60,7 @@ class ReplicaManager:
             self.data_arrived.notify_all()
 
     # ------------------------------------------------------------ controller requests
-    def _check_controller_epoch(self, epoch: int) -> None:
+    def check_controller_epoch(self, epoch: int) -> None:
         with self.lock:
             if epoch < self.controller_epoch:
                 raise E.StaleControllerEpochError(
@@ -70,7 +70,7 @@ class ReplicaManager:
 
     def leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
         started = time.monotonic()
-        self._check_controller_epoch(req.controller_epoch)
+        self.check_controller_epoch(req.controller_epoch)
         self.metadata.apply_leader_and_isr(req)
         topics = {t.name: t for t in req.topics}
         out = pb.LeaderAndIsrResponse()
@@ -118,7 +118,7 @@ class ReplicaManager:
             return part
 
     def stop_replica(self, req: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
-        self._check_controller_epoch(req.controller_epoch)
+        self.check_controller_epoch(req.controller_epoch)
         out = pb.StopReplicaResponse()
         for ref in req.partitions:
             tp = (ref.topic, ref.partition)

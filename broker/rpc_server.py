@@ -116,7 +116,7 @@ class BrokerServicer(pbg.ReplikafkaServicer):
     @_guard
     def UpdateMetadata(self, request, context):
         try:
-            self.rm._check_controller_epoch(request.controller_epoch)
+            self.rm.check_controller_epoch(request.controller_epoch)
         except E.StaleControllerEpochError as exc:
             return pb.UpdateMetadataResponse(error=to_pb(exc))
         self.broker.metadata.update(request)
