@@ -242,10 +242,9 @@ class Partition:
                 return 0
             n = 0
             if raw is not None and len(raw):
-                before = self.log.log_end_offset
                 info = self.log.append_raw(raw)
                 n = info.record_count
-                for h in self.log.batch_headers(before):
+                for h in info.headers:  # as validated by the append: no second read
                     self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count,
                                           h.base_offset, self.clock.time_ms())
             new_hw = min(leader_hw, self.log.log_end_offset)

@@ -63,6 +63,7 @@ class AppendInfo:
     record_count: int
     max_timestamp_ms: int
     size_bytes: int            # stored bytes written
+    headers: tuple = ()        # append_raw: the appended batches' headers (for producer state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +389,8 @@ class Log:
                 self._epoch_cache.assign(m.header.leader_epoch, m.header.base_offset)
             size = self._write_messages(decoded)
             info = AppendInfo(first, self._leo - 1, self._leo - first,
-                              max(m.header.max_timestamp_ms for m in decoded), size)
+                              max(m.header.max_timestamp_ms for m in decoded), size,
+                              tuple(m.header for m in decoded))
         self._maybe_flush_by_messages()
         return info
 
