@@ -9,6 +9,8 @@ Layout (ARCHITECTURE.md; JSON values carry ``"version": 1``)::
     /brokers/topics/[topic]/partitions/[p]/state  {"version":1,"leader":N,"leader_epoch":E,"controller_epoch":C,"isr":[..]}
     /config/topics/[topic]                        {"version":1,"config":{..},"schema":"<base64 Arrow IPC schema>"}
     /admin/delete_topics/[topic]
+    /admin/reassign_partitions                    {"version":1,"partitions":[{"topic":t,"partition":p,"replicas":[..]}]}
+    /admin/preferred_replica_election             {"version":1,"partitions":[{"topic":t,"partition":p}]}
     /isr_change_notification/isr_change_NNNN      {"version":1,"partitions":[{"topic":t,"partition":p}]}
     /latest_producer_id_block                     {"version":1,"block_start":S,"block_end":E}
 
@@ -230,6 +232,63 @@ class ZkStore:
             except NoNodeError:
                 pass
 
+    # ------------------------------------------------------------ reassignment (seed 003)
+    def create_reassignment(self, plan: dict[tuple[str, int], list[int]]) -> None:
+        """Write ``/admin/reassign_partitions``; refused while one is in progress."""
+        from replikafka.errors import ReassignmentInProgressError
+        try:
+            self.zk.create(REASSIGN_PARTITIONS, reassignment_to_json(plan), makepath=True)
+        except NodeExistsError:
+            raise ReassignmentInProgressError(
+                f"a partition reassignment is already in progress ({REASSIGN_PARTITIONS} exists); "
+                f"wait for it (--verify) before starting another") from None
+
+    def get_reassignment(self, watch=None) -> dict[tuple[str, int], list[int]]:
+        """The pending reassignment: (topic, partition) -> target replicas (empty if none)."""
+        try:
+            if watch is not None and not self.zk.exists(REASSIGN_PARTITIONS, watch=watch):
+                return {}
+            data, _ = self.zk.get(REASSIGN_PARTITIONS)
+        except NoNodeError:
+            return {}
+        return reassignment_from_json(data)
+
+    def set_reassignment(self, remaining: dict[tuple[str, int], list[int]]) -> None:
+        """The controller removes partitions as they complete; the znode goes with the last one."""
+        try:
+            if remaining:
+                self.zk.set(REASSIGN_PARTITIONS, reassignment_to_json(remaining))
+            else:
+                self.zk.delete(REASSIGN_PARTITIONS)
+        except NoNodeError:
+            pass
+
+    # ------------------------------------------------------------ preferred replica election
+    def create_preferred_election(self, tps: list[tuple[str, int]]) -> None:
+        from replikafka.errors import ElectionInProgressError
+        data = _json({"partitions": [{"topic": t, "partition": p} for t, p in sorted(tps)]})
+        try:
+            self.zk.create(PREFERRED_REPLICA_ELECTION, data, makepath=True)
+        except NodeExistsError:
+            raise ElectionInProgressError(
+                f"a preferred replica election is already in progress ({PREFERRED_REPLICA_ELECTION} exists)") from None
+
+    def get_preferred_election(self, watch=None) -> list[tuple[str, int]] | None:
+        """Partitions asked for, or None when no election is pending."""
+        try:
+            if watch is not None and not self.zk.exists(PREFERRED_REPLICA_ELECTION, watch=watch):
+                return None
+            data, _ = self.zk.get(PREFERRED_REPLICA_ELECTION)
+        except NoNodeError:
+            return None
+        return [(e["topic"], int(e["partition"])) for e in json.loads(data)["partitions"]]
+
+    def delete_preferred_election(self) -> None:
+        try:
+            self.zk.delete(PREFERRED_REPLICA_ELECTION)
+        except NoNodeError:
+            pass
+
     # ------------------------------------------------------------ partition state
     def get_partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
         try:
@@ -311,6 +370,26 @@ class ZkStore:
                 return end, end + PRODUCER_ID_BLOCK_SIZE
             except BadVersionError:
                 continue
+
+
+def reassignment_to_json(plan: dict[tuple[str, int], list[int]]) -> bytes:
+    return _json({"partitions": [{"topic": t, "partition": p, "replicas": list(r)}
+                                 for (t, p), r in sorted(plan.items())]})
+
+
+def reassignment_from_json(data: bytes) -> dict[tuple[str, int], list[int]]:
+    """Parse the seed-003 reassignment JSON (also the CLI's plan files); errors name the fault."""
+    from replikafka.errors import InvalidRequestError
+    try:
+        d = json.loads(data)
+        out = {}
+        for e in d["partitions"]:
+            replicas = [int(b) for b in e["replicas"]]
+            out[(str(e["topic"]), int(e["partition"]))] = replicas
+        return out
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidRequestError(f"bad reassignment JSON (want {{\"version\":1,\"partitions\":"
+                                  f"[{{\"topic\":..,\"partition\":..,\"replicas\":[..]}}]}}): {exc!r}") from None
 
 
 class ControllerMovedError(Exception):

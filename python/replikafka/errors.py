@@ -149,6 +149,16 @@ class TopicDeletionDisabledError(ReplikafkaError):
     code = "TOPIC_DELETION_DISABLED"
 
 
+class ReassignmentInProgressError(ReplikafkaError):
+    """A partition reassignment is already running (/admin/reassign_partitions exists)."""
+    code = "REASSIGNMENT_IN_PROGRESS"
+
+
+class ElectionInProgressError(ReplikafkaError):
+    """A preferred replica election is already running."""
+    code = "PREFERRED_LEADER_ELECTION_IN_PROGRESS"
+
+
 class OutOfOrderSequenceError(ReplikafkaError):
     """The idempotent producer's sequence number is out of order."""
     code = "OUT_OF_ORDER_SEQUENCE_NUMBER"
