@@ -196,6 +196,19 @@ class Partition:
         raw = self.log.read_raw(offset, max_bytes) if offset < leo else None
         return raw, hw, leo, lso
 
+    def read_for_debugging(self, offset: int, max_bytes: int, current_leader_epoch: int):
+        """A debugging fetch (replica id -2, as replica-verification sends): this
+        replica's own stored batches, verbatim, from the one holding ``offset``
+        (from the log start if ``offset`` is below it; none at or past the LEO),
+        whatever its role, with its own HW, LEO and log start. Records nothing:
+        no follower LEO, no HW or ISR change."""
+        with self.lock:
+            self.check_epoch(current_leader_epoch)
+            hw, leo, lso = self.hw, self.log.log_end_offset, self.log.log_start_offset
+        start = max(offset, lso)
+        raw = self.log.read_raw(start, max_bytes) if start < leo else None
+        return raw, hw, leo, lso
+
     def leader_offsets(self, current_leader_epoch: int) -> tuple[int, int, int, int]:
         """As the leader, checking the caller's epoch: (HW, LEO, log start, leader epoch)."""
         with self.lock:

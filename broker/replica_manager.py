@@ -25,6 +25,8 @@ log = logging.getLogger("replikafka.replica_manager")
 state_log = logging.getLogger("replikafka.state.change")
 TP = tuple[str, int]
 FETCH_WAIT_SLICE_S = 0.05
+#: Kafka's DEBUGGING_CONSUMER id: a fetch any replica serves with its own stored batches (replica-verification).
+DEBUGGING_REPLICA_ID = -2
 
 
 class ReplicaManager:
@@ -223,9 +225,13 @@ class ReplicaManager:
             try:
                 part = self._partition_or_error(fp.topic, fp.partition)
                 max_bytes = min(fp.partition_max_bytes or budget, max(budget - total, 1))
-                if req.replica_id >= 0:
-                    raw, hw, leo, lso = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
-                                                               fp.current_leader_epoch)
+                if req.replica_id >= 0 or req.replica_id == DEBUGGING_REPLICA_ID:
+                    if req.replica_id >= 0:
+                        raw, hw, leo, lso = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
+                                                                   fp.current_leader_epoch)
+                    else:  # any replica answers, from its own log, and nothing is recorded
+                        raw, hw, leo, lso = part.read_for_debugging(fp.fetch_offset, max_bytes,
+                                                                    fp.current_leader_epoch)
                     if raw is not None and raw.record_count:
                         data = raw.data if isinstance(raw.data, bytes) else bytes(raw.data)
                         r.records, size = data, len(data)

@@ -1,0 +1,88 @@
+"""The debugging fetch (replica id -2, replica-verification): any replica answers
+with its own stored batches and offsets, and the fetch counts for nothing."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from replikafka.broker.partition import Partition
+from replikafka.broker.replica_manager import DEBUGGING_REPLICA_ID, ReplicaManager
+from replikafka.broker.storage import Log, LogConfig, ManualClock
+from replikafka.broker.storage import batch_format as bf
+from replikafka.protocol import replikafka_pb2 as pb
+
+TS = pa.timestamp("ms", tz="UTC")
+SCHEMA = pa.schema([("value", pa.binary()), ("timestamp", TS)])
+T0 = 1_700_000_000_000
+
+
+def batch(first: int, n: int) -> pa.RecordBatch:
+    return pa.record_batch([pa.array([f"v{o}".encode() for o in range(first, first + n)], pa.binary()),
+                            pa.array([T0 + o for o in range(first, first + n)], pa.int64()).view(TS)],
+                           schema=SCHEMA)
+
+
+def manager_with(tmp_path, role: str) -> tuple[ReplicaManager, Partition]:
+    clock = ManualClock(T0)
+    log = Log.open(str(tmp_path / "t-0"), LogConfig(), SCHEMA, clock=clock)
+    part = Partition("t", 0, 1, log, clock)
+    if role == "leader":
+        part.make_leader(3, isr=[1, 2], replicas=[1, 2], zk_version=0, controller_epoch=1)
+        part.append_as_leader([batch(0, 4)], acks=1, min_insync=1)
+        part.append_as_leader([batch(4, 6)], acks=1, min_insync=1)
+    else:
+        part.make_follower(2, 3, isr=[1, 2], replicas=[1, 2], zk_version=0, controller_epoch=1)
+        leader_log = Log.open(str(tmp_path / "leader"), LogConfig(), SCHEMA, clock=clock)
+        leader_log.append([batch(0, 4)], leader_epoch=3)
+        leader_log.append([batch(4, 6)], leader_epoch=3)
+        part.append_as_follower(leader_log.read_raw(0, 1 << 20).data, leader_hw=4, expected_epoch=3)
+    rm = ReplicaManager(1, None, None, None, None, None, clock)
+    rm.partitions[("t", 0)] = part
+    return rm, part
+
+
+def fetch(rm, replica_id: int, offset: int):
+    req = pb.FetchRequest(replica_id=replica_id, max_wait_ms=0, partitions=[
+        pb.FetchPartition(topic="t", partition=0, fetch_offset=offset, current_leader_epoch=-1,
+                          partition_max_bytes=1 << 20)])
+    resp, _size, _err = rm._fetch_once(req, None)
+    return resp.partitions[0]
+
+
+def stored_batches(records: bytes) -> list[tuple[int, int]]:
+    """(base offset, count) of the stored batch messages after the schema message."""
+    _schema, pos = bf.read_schema_message(records, len(records))
+    out = []
+    while pos < len(records):
+        header, info = bf.read_header(records, pos, len(records))
+        out.append((header.base_offset, header.record_count))
+        pos += info.size
+    return out
+
+
+def test_a_follower_answers_with_its_own_batches_and_offsets(tmp_path):
+    rm, part = manager_with(tmp_path, "follower")
+    assert fetch(rm, -1, 0).error.code == "NOT_LEADER_OR_FOLLOWER"     # a consumer may not read a follower
+    r = fetch(rm, DEBUGGING_REPLICA_ID, 0)
+    assert not r.error.code
+    assert (r.high_watermark, r.log_end_offset, r.log_start_offset) == (4, 10, 0)
+    assert stored_batches(r.records) == [(0, 4), (4, 6)]               # whole batches, above the HW too
+    assert r.records_base_offset == 0 and r.record_count == 10
+    r = fetch(rm, DEBUGGING_REPLICA_ID, 6)                              # from the batch holding offset 6
+    assert stored_batches(r.records) == [(4, 6)]
+    r = fetch(rm, DEBUGGING_REPLICA_ID, 10)                             # at the LEO: nothing, no error
+    assert not r.error.code and r.record_count == 0 and r.log_end_offset == 10
+
+
+def test_on_the_leader_it_is_not_a_follower_fetch(tmp_path):
+    rm, part = manager_with(tmp_path, "leader")
+    before = {r: vars(p).copy() for r, p in part.leader_state.progress.items()}
+    hw = part.hw
+    r = fetch(rm, DEBUGGING_REPLICA_ID, 0)
+    assert stored_batches(r.records) == [(0, 4), (4, 6)] and r.log_end_offset == 10
+    assert r.high_watermark == hw == 0           # follower 2 never fetched: the HW has not moved
+    r = fetch(rm, DEBUGGING_REPLICA_ID, 10)
+    assert part.hw == 0 and part.isr == (1, 2)
+    assert {r: vars(p) for r, p in part.leader_state.progress.items()} == before
+    # whereas a follower's fetch at 10 acknowledges everything
+    fetch(rm, 2, 10)
+    assert part.hw == 10
