@@ -69,6 +69,7 @@ class Partition:
             now = self.clock.time_ms()
             if self.role == LEADER and leader_epoch == self.leader_epoch:
                 # Same epoch: only the ISR or its znode version moved (a shrink can commit).
+                self.leader_state.on_replicas_changed(tuple(replicas), now)
                 self.leader_state.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
                 self.isr, self.zk_version, self.replicas = tuple(isr), zk_version, tuple(replicas)
                 self.cond.notify_all()

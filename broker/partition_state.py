@@ -95,6 +95,16 @@ class LeaderState:
             return None
         return tuple(r for r in self.replicas if r in self.isr or r in back)
 
+    def on_replicas_changed(self, replicas: tuple[int, ...], now_ms: int) -> None:
+        """The assignment changed under the same epoch (a reassignment resent by a new
+        controller): track new followers from now, forget removed ones."""
+        self.replicas = tuple(replicas)
+        for r in replicas:
+            if r != self.broker_id and r not in self.progress:
+                self.progress[r] = ReplicaProgress(last_caught_up_ms=now_ms, last_fetch_ms=now_ms)
+        for r in [r for r in self.progress if r not in replicas and r not in self.isr]:
+            del self.progress[r]
+
     def on_isr_committed(self, isr: tuple[int, ...], zk_version: int, leader_leo: int) -> bool:
         """An ISR change (our write, or the controller's) is in ZooKeeper.
         Returns True when the HW advanced (a shrink can do that)."""

@@ -308,6 +308,10 @@ class ReplicaManager:
             if version is None:
                 current = self.store.get_partition_state(part.topic, part.partition)
                 part.isr_change_done(new_isr, None)
+                if current is not None and current[0].leader == self.broker_id and \
+                        current[0].leader_epoch > part.leader_epoch:
+                    # The controller bumped our epoch (a reassignment): its LeaderAndIsr is on the way.
+                    continue
                 if current is None or current[0].leader != self.broker_id or \
                         current[0].leader_epoch != part.leader_epoch:
                     log.warning("%s-%d: state znode moved on (now %s); this broker stops leading it",

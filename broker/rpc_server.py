@@ -123,6 +123,20 @@ class BrokerServicer(pbg.ReplikafkaServicer):
         self.rm.notify_data()
         return pb.UpdateMetadataResponse()
 
+    def ControlledShutdown(self, request, context):
+        """Errors come back in the response (the shutting broker retries or gives up)."""
+        timeout_s = self.broker.config.get("request.timeout.ms") / 1000.0
+        try:
+            remaining = self.broker.controller.controlled_shutdown(request.broker_id, request.broker_epoch,
+                                                                   timeout_s)
+        except E.ReplikafkaError as exc:
+            return pb.ControlledShutdownResponse(error=to_pb(exc))
+        except Exception as exc:
+            log.exception("ControlledShutdown failed")
+            return pb.ControlledShutdownResponse(error=to_pb(E.ReplikafkaError(f"{type(exc).__name__}: {exc}")))
+        return pb.ControlledShutdownResponse(
+            remaining=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in remaining])
+
     @_guard
     def StopReplica(self, request, context):
         try:

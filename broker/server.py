@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -130,11 +131,15 @@ class BrokerServer:
         self.admin_manager = AdminManager(cfg, self.store, self.metadata)
         self._serve_grpc()
         # A previous incarnation's ephemeral node lives until its session times out.
-        self.store.register_broker(self.broker_id, self.endpoint.host, self.endpoint.port,
-                                   wait_s=2 * cfg.get("zookeeper.session.timeout.ms") / 1000.0 + 5)
+        self.broker_epoch = self.store.register_broker(
+            self.broker_id, self.endpoint.host, self.endpoint.port,
+            wait_s=2 * cfg.get("zookeeper.session.timeout.ms") / 1000.0 + 5)
         self.controller = Controller(self.broker_id, self.store,
                                      unclean_default=cfg.get("unclean.leader.election.enable"),
-                                     request_timeout_s=cfg.get("controller.socket.timeout.ms") / 1000.0)
+                                     request_timeout_s=cfg.get("controller.socket.timeout.ms") / 1000.0,
+                                     auto_rebalance_enable=cfg.get("auto.leader.rebalance.enable"),
+                                     imbalance_percentage=cfg.get("leader.imbalance.per.broker.percentage"),
+                                     imbalance_check_interval_s=cfg.get("leader.imbalance.check.interval.seconds"))
         self.controller.start()
         self._loop("isr-maintenance", self.replica_manager.do_isr_work,
                    min(cfg.get("replica.lag.time.max.ms") / 4, 500))
@@ -231,15 +236,17 @@ class BrokerServer:
         self.session_back.clear()
         self.session_lost.clear()
         log.warning("broker %d: ZooKeeper session expired; re-registering", self.broker_id)
-        self.store.register_broker(self.broker_id, self.endpoint.host, self.endpoint.port)
+        self.broker_epoch = self.store.register_broker(self.broker_id, self.endpoint.host, self.endpoint.port)
         self.controller.enqueue("session_reestablished")
 
     # ------------------------------------------------------------ stop
     def stop(self) -> None:
         if self.stopped.is_set():
             return
-        self.stopped.set()
         log.info("broker %d shutting down", self.broker_id)
+        if self.config.get("controlled.shutdown.enable"):
+            self.controlled_shutdown()
+        self.stopped.set()
         self.controller.stop()
         self.replica_manager.shutdown()
         self.grpc_server.stop(grace=1.0).wait(5)
@@ -252,6 +259,43 @@ class BrokerServer:
             self.zk.close()
         except Exception:
             pass
+
+    def controlled_shutdown(self) -> bool:
+        """Ask the controller to move our leaderships away and take us out of ISRs
+        before we go, so no partition goes offline (Kafka's controlled shutdown).
+        Retries ``controlled.shutdown.max.retries`` times; then an unclean stop."""
+        import grpc as _grpc
+        from replikafka.protocol import replikafka_pb2 as pb
+        cfg = self.config
+        attempts = cfg.get("controlled.shutdown.max.retries") + 1
+        backoff_s = cfg.get("controlled.shutdown.retry.backoff.ms") / 1000.0
+        timeout_s = cfg.get("request.timeout.ms") / 1000.0
+        remaining: list = []
+        for attempt in range(1, attempts + 1):
+            try:
+                controller = self.store.get_controller_id()
+                host, port = self.store.live_brokers().get(controller, (None, None))
+                if host is None:
+                    raise RuntimeError("no controller is registered")
+                with _grpc.insecure_channel(f"{host}:{port}") as ch:
+                    resp = pbg.ReplikafkaStub(ch).ControlledShutdown(
+                        pb.ControlledShutdownRequest(broker_id=self.broker_id, broker_epoch=self.broker_epoch),
+                        timeout=timeout_s)
+                if resp.error.code:
+                    raise RuntimeError(f"{resp.error.code}: {resp.error.message}")
+                remaining = [f"{r.topic}-{r.partition}" for r in resp.remaining]
+                if not remaining:
+                    log.info("broker %d: controlled shutdown succeeded (attempt %d)", self.broker_id, attempt)
+                    return True
+                log.warning("broker %d: controlled shutdown attempt %d: still leading %d partitions (%s)",
+                            self.broker_id, attempt, len(remaining), ", ".join(remaining[:10]))
+            except Exception as exc:
+                log.warning("broker %d: controlled shutdown attempt %d failed: %s", self.broker_id, attempt, exc)
+            if attempt < attempts:
+                time.sleep(backoff_s)
+        log.warning("broker %d: controlled shutdown did not complete after %d attempts; shutting down anyway",
+                    self.broker_id, attempts)
+        return False
 
     def wait(self) -> None:
         self.stopped.wait()

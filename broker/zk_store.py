@@ -84,8 +84,8 @@ class ZkStore:
             self.zk.ensure_path(p)
 
     # ------------------------------------------------------------ brokers
-    def register_broker(self, broker_id: int, host: str, port: int, wait_s: float = 0.0) -> None:
-        """Create the ephemeral ``/brokers/ids/[id]``. A node left by our previous
+    def register_broker(self, broker_id: int, host: str, port: int, wait_s: float = 0.0) -> int:
+        """Create the ephemeral ``/brokers/ids/[id]``; returns its czxid (the broker epoch). A node left by our previous
         incarnation (killed, its session not expired yet) goes away by itself
         within the session timeout: wait up to ``wait_s`` for that, then fail
         naming the conflict (two live brokers with one id)."""
@@ -95,7 +95,7 @@ class ZkStore:
         while True:
             try:
                 self.zk.create(path, data, ephemeral=True, makepath=True)
-                return
+                return self.zk.exists(path).czxid
             except NodeExistsError:
                 try:
                     _, stat = self.zk.get(path)
@@ -103,7 +103,7 @@ class ZkStore:
                     continue
                 if stat.ephemeralOwner == self.zk.client_id[0]:
                     self.zk.set(path, data)
-                    return
+                    return stat.czxid
                 if time.monotonic() >= deadline:
                     from replikafka.errors import InvalidConfigError
                     raise InvalidConfigError(
@@ -211,6 +211,26 @@ class ZkStore:
 
     def set_assignment(self, topic: str, assignment: dict[int, list[int]]) -> None:
         self.zk.set(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}))
+
+    def update_assignment(self, topic: str, changes: dict[int, list[int]]) -> dict[int, list[int]] | None:
+        """Replace some partitions' replicas in a topic's assignment: read-modify-write on the
+        znode version (an admin adding partitions meanwhile is not overwritten). Returns the
+        new assignment, None if the topic is gone."""
+        while True:
+            try:
+                data, stat = self.zk.get(topic_path(topic))
+            except NoNodeError:
+                return None
+            assignment = {int(p): [int(b) for b in r] for p, r in json.loads(data)["partitions"].items()}
+            assignment.update({p: list(r) for p, r in changes.items()})
+            try:
+                self.zk.set(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}),
+                            version=stat.version)
+                return assignment
+            except BadVersionError:
+                continue
+            except NoNodeError:
+                return None
 
     def request_topic_deletion(self, topic: str) -> None:
         try:

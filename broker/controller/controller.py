@@ -8,6 +8,7 @@ guarded ``multi``s, send LeaderAndIsr / UpdateMetadata / StopReplica).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import random
@@ -19,11 +20,13 @@ from replikafka.broker import zk_store as Z
 from replikafka.broker.controller import controller_decisions as D
 from replikafka.broker.controller.broker_channels import ControllerChannelManager
 from replikafka.broker.zk_store import LeaderAndIsr, ZkStore
+from replikafka import errors as E
 from replikafka.protocol import replikafka_pb2 as pb
 
 log = logging.getLogger("replikafka.controller")
 state_log = logging.getLogger("replikafka.state.change")
 EVENT_QUEUE_MAX = 100_000
+REASSIGNMENT_NUDGE_S = 2.0
 TP = tuple[str, int]
 
 
@@ -47,12 +50,22 @@ class ControllerContext:
     topics: dict[str, TopicMeta] = field(default_factory=dict)
     states: dict[TP, tuple[LeaderAndIsr, int]] = field(default_factory=dict)
     deleting: set[str] = field(default_factory=set)
+    reassigning: dict[TP, list[int]] = field(default_factory=dict)   # partition -> target replicas (RAR)
+    shutting_down: set[int] = field(default_factory=set)             # brokers in controlled shutdown
 
 
 class Controller:
     def __init__(self, broker_id: int, store: ZkStore, *, unclean_default: bool = False,
-                 request_timeout_s: float = 30.0, on_became_controller=None):
+                 request_timeout_s: float = 30.0, on_became_controller=None,
+                 auto_rebalance_enable: bool = False, imbalance_percentage: int = 10,
+                 imbalance_check_interval_s: float = 300.0, clock=time.monotonic):
         self.broker_id = broker_id
+        self.auto_rebalance_enable = auto_rebalance_enable
+        self.imbalance_percentage = imbalance_percentage
+        self.imbalance_check_interval_s = imbalance_check_interval_s
+        self.clock = clock
+        self.next_rebalance_check = clock() + imbalance_check_interval_s
+        self.next_reassignment_nudge = clock()
         self.store = store
         self.zk = store.zk
         self.unclean_default = unclean_default
@@ -89,7 +102,19 @@ class Controller:
 
     def _run(self) -> None:
         while not self.stopped.is_set():
+            self.schedule_timed_events()
             self.do_work(timeout_s=0.5)
+
+    def schedule_timed_events(self) -> None:
+        """The periodic auto leader rebalance check becomes an event like any other."""
+        now = self.clock()
+        if self.active and self.auto_rebalance_enable and now >= self.next_rebalance_check:
+            self.next_rebalance_check = now + self.imbalance_check_interval_s
+            self.enqueue("auto_rebalance")
+        # Reassignments advance on ISR changes; this nudge covers a write that lost a race.
+        if self.active and self.ctx.reassigning and now >= self.next_reassignment_nudge:
+            self.next_reassignment_nudge = now + REASSIGNMENT_NUDGE_S
+            self.enqueue("reassignment_nudge")
 
     def do_work(self, timeout_s: float = 0.0) -> bool:
         """Handle one event. Returns False when the queue was empty."""
@@ -170,6 +195,10 @@ class Controller:
         log.info("controller failover: loaded %d topics, %d partitions and sent the full state to %d brokers "
                  "in %.3fs", len(ctx.topics), len(ctx.states), len(ctx.live), time.monotonic() - started)
         self._try_delete_topics()
+        # Admin work an earlier controller left unfinished resumes here (seed 003).
+        self._on_reassign()
+        self._on_preferred_election()
+        self.next_rebalance_check = self.clock() + self.imbalance_check_interval_s
 
     def _load_topic(self, topic: str) -> TopicMeta | None:
         assignment = self.store.get_assignment(topic, watch=self._watch_partitions(topic))
@@ -195,6 +224,7 @@ class Controller:
         # it lost its in-memory state, so it is new to us.
         bounced = {b for b in set(live) & old if epochs.get(b) != ctx.broker_epochs.get(b)}
         ctx.live, ctx.broker_epochs = live, epochs
+        ctx.shutting_down -= bounced | (old - set(live))
         self.channels.set_brokers(live)
         new, dead = (set(live) - old) | bounced, old - set(live)
         started = time.monotonic()
@@ -219,6 +249,8 @@ class Controller:
                      time.monotonic() - started)
         if new and ctx.deleting:
             self._try_delete_topics()
+        if ctx.reassigning:
+            self._advance_reassignments(list(ctx.reassigning))
 
     def _elect_offline(self, exclude=frozenset()) -> list[TP]:
         """Elect leaders for partitions without a live leader, take dead followers out of ISRs.
@@ -226,7 +258,7 @@ class Controller:
         ctx = self.ctx
         current = {tp: s for tp, (s, _v) in ctx.states.items() if tp[0] not in ctx.deleting}
         assignments = {t: m.assignment for t, m in ctx.topics.items() if t not in ctx.deleting}
-        decisions = D.on_brokers_changed(assignments, current, set(ctx.live) - set(exclude), ctx.epoch,
+        decisions = D.on_brokers_changed(assignments, current, self._eligible() - set(exclude), ctx.epoch,
                                          self._unclean_for)
         for tp, e in decisions.items():
             if e.unclean:
@@ -234,6 +266,10 @@ class Controller:
                           "records acknowledged but not on it are LOST",
                           tp[0], tp[1], e.state.leader, list(current[tp].isr))
         return self._write_states({tp: e.state for tp, e in decisions.items()})
+
+    def _eligible(self) -> set[int]:
+        """Brokers that may lead and stay in ISRs: live and not shutting down."""
+        return set(self.ctx.live) - self.ctx.shutting_down
 
     def _unclean_for(self, topic: str) -> bool:
         v = self.ctx.topics[topic].config.get("unclean.leader.election.enable")
@@ -260,7 +296,7 @@ class Controller:
             cur = {tp: fresh[tp][0] for tp in failed if tp in fresh}
             decisions = D.on_brokers_changed({t: {p: ctx.topics[t].assignment[p] for (tt, p) in cur if tt == t}
                                               for t in {tp[0] for tp in cur}},
-                                             cur, set(ctx.live), ctx.epoch, self._unclean_for)
+                                             cur, self._eligible(), ctx.epoch, self._unclean_for)
             new = {tp: e.state for tp, e in decisions.items()}
         return done
 
@@ -316,6 +352,210 @@ class Controller:
             return
         self.ctx.states.update(self.store.get_partition_states(tps))
         self._send_update_metadata(list(self.ctx.live), tps)
+        waiting = [tp for tp in tps if tp in self.ctx.reassigning]
+        if waiting:
+            self._advance_reassignments(waiting)
+
+    # ------------------------------------------------------------ admin operations: shared plumbing
+    def _write_decided(self, new: dict[TP, LeaderAndIsr], why: str) -> list[TP]:
+        """Guarded writes of states decided for an admin operation. A partition whose
+        znode moved meanwhile (its leader changed the ISR) is re-read and left for the
+        operation's next event rather than re-decided here."""
+        if not new:
+            return []
+        ctx = self.ctx
+        updates = {tp: (s, ctx.states[tp][1]) for tp, s in new.items()}
+        ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates)
+        for tp, version in ok.items():
+            ctx.states[tp] = (new[tp], version)
+            state_log.info("controller %d epoch %d: %s-%d -> %s (%s)", self.broker_id, ctx.epoch, tp[0], tp[1],
+                           new[tp], why)
+        if failed:
+            ctx.states.update(self.store.get_partition_states(failed))
+        return list(ok)
+
+    def _announce(self, tps: list[TP], skip=()) -> None:
+        """New states to everyone: metadata to every live broker, roles to the replicas."""
+        if tps:
+            self._send_update_metadata(list(self.ctx.live), tps)
+            self._send_leader_and_isr(tps, skip=skip)
+
+    def _write_assignments(self, changes: dict[TP, tuple[int, ...]]) -> None:
+        by_topic: dict[str, dict[int, list[int]]] = {}
+        for (t, p), replicas in changes.items():
+            by_topic.setdefault(t, {})[p] = list(replicas)
+        for t, parts in by_topic.items():
+            assignment = self.store.update_assignment(t, parts)
+            if assignment is not None and t in self.ctx.topics:
+                self.ctx.topics[t].assignment = assignment
+
+    def _send_stop_replica(self, broker: int, tps: list[TP], delete: bool) -> None:
+        if tps and broker in self.ctx.live:
+            self.channels.send(broker, "StopReplica", pb.StopReplicaRequest(
+                controller_id=self.broker_id, controller_epoch=self.ctx.epoch, delete_partitions=delete,
+                partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps]))
+
+    # ------------------------------------------------------------ partition reassignment (seed 003)
+    def _on_reassign(self) -> None:
+        if not self.active:
+            return
+        ctx = self.ctx
+        pending = self.store.get_reassignment(watch=self._watch("reassign"))
+        valid = {}
+        for tp, rar in pending.items():
+            problem = self._reassignment_problem(tp, rar)
+            if problem:
+                log.error("reassignment of %s-%d to %s refused: %s", tp[0], tp[1], rar, problem)
+            else:
+                valid[tp] = rar
+        for tp in set(valid) - set(ctx.reassigning):
+            state_log.info("controller %d epoch %d: %s-%d reassignment %s -> %s started", self.broker_id,
+                           ctx.epoch, tp[0], tp[1], ctx.topics[tp[0]].assignment[tp[1]], valid[tp])
+        ctx.reassigning = valid
+        if len(valid) != len(pending):
+            self.store.set_reassignment(valid)
+        if valid:
+            self._advance_reassignments(list(valid))
+
+    def _on_reassignment_nudge(self) -> None:
+        if self.active and self.ctx.reassigning:
+            self._advance_reassignments(list(self.ctx.reassigning))
+
+    def _reassignment_problem(self, tp: TP, rar: list[int]) -> str | None:
+        ctx = self.ctx
+        meta = ctx.topics.get(tp[0])
+        if meta is None or tp[0] in ctx.deleting:
+            return f"topic {tp[0]!r} does not exist"
+        if tp[1] not in meta.assignment:
+            return f"partition {tp[1]} does not exist (topic {tp[0]!r} has {len(meta.assignment)})"
+        if not rar:
+            return "the replica list is empty"
+        if len(set(rar)) != len(rar):
+            return f"the replica list {rar} repeats a broker"
+        dead = [b for b in rar if b not in ctx.live]
+        if dead and not set(rar) <= set(meta.assignment[tp[1]]):
+            return f"brokers {dead} are not alive"
+        return None
+
+    def _advance_reassignments(self, tps: list[TP]) -> None:
+        """Take each partition as far through the 11 steps as its state allows now."""
+        ctx = self.ctx
+        steps: dict[TP, D.ReassignmentStep] = {}
+        for tp in tps:
+            rar, meta, entry = ctx.reassigning.get(tp), ctx.topics.get(tp[0]), ctx.states.get(tp)
+            if rar is not None and meta is not None and entry is not None and tp[1] in meta.assignment:
+                steps[tp] = D.reassignment_step(meta.assignment[tp[1]], rar, entry[0], self._eligible(), ctx.epoch)
+        # Steps 1-3: AR = OAR + RAR in ZooKeeper first (a new controller finds the new
+        # replicas there), then the epoch bump, then LeaderAndIsr to every replica of AR.
+        starting = [tp for tp, st in steps.items() if not st.done and st.assignment is not None]
+        self._write_assignments({tp: steps[tp].assignment for tp in starting})
+        self._write_decided({tp: steps[tp].state for tp in starting}, "reassignment: new replicas")
+        self._announce(starting)
+        # Steps 5-10: leader into RAR and ISR = RAR (one guarded write), AR = RAR in the
+        # cache, LeaderAndIsr to RAR, stop and delete OAR - RAR, AR = RAR in ZooKeeper last.
+        moving = {tp: st.state for tp, st in steps.items() if st.done and st.state is not None}
+        written = set(self._write_decided(moving, "reassignment: leader and ISR into the new replicas"))
+        finishing = [tp for tp, st in steps.items() if st.done and (st.state is None or tp in written)]
+        for tp in finishing:
+            if steps[tp].assignment is not None:
+                ctx.topics[tp[0]].assignment[tp[1]] = list(steps[tp].assignment)
+        self._announce([tp for tp in finishing if tp in written])
+        stops: dict[int, list[TP]] = {}
+        for tp in finishing:
+            for b in steps[tp].stop:
+                stops.setdefault(b, []).append(tp)
+        for b, parts in stops.items():
+            self._send_stop_replica(b, parts, delete=True)
+        self._write_assignments({tp: steps[tp].assignment for tp in finishing if steps[tp].assignment is not None})
+        if finishing:
+            for tp in finishing:
+                ctx.reassigning.pop(tp, None)
+                state_log.info("controller %d epoch %d: %s-%d reassignment to %s completed", self.broker_id,
+                               ctx.epoch, tp[0], tp[1], ctx.topics[tp[0]].assignment[tp[1]])
+            self.store.set_reassignment(ctx.reassigning)  # step 11: the znode goes with the last partition
+
+    # ------------------------------------------------------------ preferred replica election
+    def _on_preferred_election(self) -> None:
+        if not self.active:
+            return
+        tps = self.store.get_preferred_election(watch=self._watch("preferred_election"))
+        if tps is None:
+            return
+        moved = self._elect_preferred(tps)
+        log.info("preferred replica election for %d partitions: %d moved back to their preferred replica",
+                 len(tps), len(moved))
+        self.store.delete_preferred_election()
+
+    def _on_auto_rebalance(self) -> None:
+        if not self.active:
+            return
+        ctx = self.ctx
+        assignments = {t: m.assignment for t, m in ctx.topics.items() if t not in ctx.deleting}
+        states = {tp: s for tp, (s, _v) in ctx.states.items() if tp not in ctx.reassigning}
+        tps = D.imbalanced_partitions(assignments, states, self._eligible(), self.imbalance_percentage)
+        if tps:
+            moved = self._elect_preferred(tps)
+            log.info("auto leader rebalance: %d partitions moved back to their preferred replica", len(moved))
+
+    def _elect_preferred(self, tps) -> list[TP]:
+        ctx = self.ctx
+        tps = [tp for tp in tps if tp[0] not in ctx.deleting and tp not in ctx.reassigning]
+        new = D.preferred_elections({t: m.assignment for t, m in ctx.topics.items()},
+                                    {tp: s for tp, (s, _v) in ctx.states.items()}, tps, self._eligible(), ctx.epoch)
+        done = self._write_decided(new, "preferred replica election")
+        self._announce(done)
+        return done
+
+    # ------------------------------------------------------------ controlled shutdown
+    def controlled_shutdown(self, broker_id: int, broker_epoch: int, timeout_s: float) -> list[TP]:
+        """Called on an RPC thread; the work is an event like any other. Returns the
+        partitions the broker still leads (the caller retries until there are none)."""
+        if not self.active:
+            raise E.NotControllerError(f"broker {self.broker_id} is not the controller")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.enqueue("controlled_shutdown", broker_id, broker_epoch, fut)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                return fut.result(timeout=0.2)
+            except concurrent.futures.TimeoutError:
+                if self.stopped.is_set() or not self.active:  # this controller is going away
+                    raise E.NotControllerError(f"broker {self.broker_id} stopped being the controller") from None
+        raise E.RequestTimedOutError(f"controlled shutdown of broker {broker_id}: the controller did not "
+                                     f"finish in {timeout_s:.0f}s")
+
+    def _on_controlled_shutdown(self, broker_id: int, broker_epoch: int, fut) -> None:
+        try:
+            fut.set_result(self._controlled_shutdown(broker_id, broker_epoch))
+        except BaseException as exc:
+            fut.set_exception(exc)
+            if isinstance(exc, Z.ControllerMovedError):
+                raise
+
+    def _controlled_shutdown(self, b: int, broker_epoch: int) -> list[TP]:
+        ctx = self.ctx
+        if not self.active:
+            raise E.NotControllerError(f"broker {self.broker_id} is not the controller any more")
+        if b not in ctx.live:
+            raise E.BrokerNotAvailableError(f"broker {b} is not registered")
+        if broker_epoch >= 0 and ctx.broker_epochs.get(b) != broker_epoch:
+            raise E.StaleBrokerEpochError(f"broker {b}: epoch {broker_epoch} is not the registered "
+                                          f"{ctx.broker_epochs.get(b)} (an older incarnation?)")
+        if b not in ctx.shutting_down:
+            log.info("controller: controlled shutdown of broker %d", b)
+        ctx.shutting_down.add(b)
+        assignments = {t: m.assignment for t, m in ctx.topics.items() if t not in ctx.deleting}
+        states = {tp: s for tp, (s, _v) in ctx.states.items() if tp[0] in assignments}
+        new, remaining = D.controlled_shutdown_moves(assignments, states, set(ctx.live), ctx.shutting_down,
+                                                     ctx.epoch)
+        done = self._write_decided(new, f"controlled shutdown of broker {b}")
+        # The others learn their roles; the shutting broker is told to stop (not delete)
+        # every replica it no longer leads, so it neither serves nor fetches them.
+        self._announce(done, skip=ctx.shutting_down)
+        stop = [(t, p) for t, parts in assignments.items() for p, r in parts.items()
+                if b in r and len(r) > 1 and ctx.states[(t, p)][0].leader != b]
+        self._send_stop_replica(b, stop, delete=False)
+        return sorted(set(remaining) | {tp for tp in new if ctx.states[tp][0].leader == b})
 
     # ------------------------------------------------------------ topic deletion
     def _on_delete_topics(self) -> None:
@@ -405,9 +645,9 @@ class Controller:
         for b in brokers:
             self.channels.send(b, "UpdateMetadata", req)
 
-    def _send_leader_and_isr(self, tps: list[TP], extra_brokers=()) -> None:
+    def _send_leader_and_isr(self, tps: list[TP], extra_brokers=(), skip=()) -> None:
         """One LeaderAndIsr per affected live broker, carrying all its partitions.
-        ``extra_brokers`` (new brokers) get every partition they host."""
+        ``extra_brokers`` (new brokers) get every partition they host; ``skip`` get none."""
         ctx = self.ctx
         per_broker: dict[int, list[pb.PartitionState]] = {}
         wanted = set(tps)
@@ -420,7 +660,7 @@ class Controller:
             if s is None:
                 continue
             for b in s.replicas:
-                if b in ctx.live:
+                if b in ctx.live and b not in skip:
                     per_broker.setdefault(b, []).append(s)
         for b, states in per_broker.items():
             req = pb.LeaderAndIsrRequest(controller_id=self.broker_id, controller_epoch=ctx.epoch,

@@ -120,3 +120,116 @@ def preferred_leader_election(replicas: list[int], current: LeaderAndIsr, live: 
     if current.leader == preferred or preferred not in live or preferred not in current.isr:
         return None
     return LeaderAndIsr(preferred, current.leader_epoch + 1, current.isr, controller_epoch)
+
+
+def preferred_elections(assignments: dict[str, dict[int, list[int]]], states: dict[TP, LeaderAndIsr],
+                        tps, live: set[int], controller_epoch: int) -> dict[TP, LeaderAndIsr]:
+    """Preferred-replica election for ``tps``: each partition whose first replica is
+    alive and in the ISR but not leading gets it back as leader (epoch + 1)."""
+    out: dict[TP, LeaderAndIsr] = {}
+    for tp in tps:
+        replicas = assignments.get(tp[0], {}).get(tp[1])
+        cur = states.get(tp)
+        if not replicas or cur is None:
+            continue
+        s = preferred_leader_election(replicas, cur, live, controller_epoch)
+        if s is not None:
+            out[tp] = s
+    return out
+
+
+def imbalanced_partitions(assignments: dict[str, dict[int, list[int]]], states: dict[TP, LeaderAndIsr],
+                          live: set[int], imbalance_percentage: int) -> list[TP]:
+    """Kafka's auto leader rebalance check. For each live broker, the imbalance is
+    the share of the partitions it is preferred leader of that it does not lead;
+    above ``imbalance_percentage`` percent, those partitions (where it is in the
+    ISR) should have a preferred-replica election."""
+    preferred_of: dict[int, list[TP]] = {}
+    for topic, parts in assignments.items():
+        for p, replicas in parts.items():
+            if replicas and (topic, p) in states:
+                preferred_of.setdefault(replicas[0], []).append((topic, p))
+    out: list[TP] = []
+    for broker, tps in preferred_of.items():
+        if broker not in live:
+            continue
+        not_led = [tp for tp in tps if states[tp].leader != broker]
+        if len(not_led) * 100 > imbalance_percentage * len(tps):
+            out += [tp for tp in not_led if broker in states[tp].isr]
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class ReassignmentStep:
+    """What the controller does next for one partition being reassigned (seed 003's
+    11 steps). ``assignment``: the AR to write (None: unchanged); ``state``: the
+    leader/ISR to write; ``stop``: replicas to stop and delete (OAR - RAR);
+    ``done``: remove the partition from ``/admin/reassign_partitions``."""
+    assignment: tuple[int, ...] | None = None
+    state: LeaderAndIsr | None = None
+    stop: tuple[int, ...] = ()
+    done: bool = False
+
+
+def reassignment_step(ar: list[int], rar: list[int], current: LeaderAndIsr, live: set[int],
+                      controller_epoch: int) -> ReassignmentStep:
+    """The next step of moving a partition from its assigned replicas ``ar`` to the
+    reassigned replicas ``rar``, from ZooKeeper's state alone, so that a new
+    controller resumes where the old one stopped:
+
+    * RAR not all in AR (steps 1-3): AR = OAR + RAR, leader epoch + 1 so the leader
+      learns the new replica set and the new replicas start following;
+    * some of RAR not in the ISR yet (step 4): wait (an ISR change wakes us);
+    * all of RAR in sync (steps 5-10): the leader moves into RAR if it is not
+      there (first live RAR member in the ISR), the ISR becomes ISR ∩ RAR, epoch
+      + 1, OAR - RAR are stopped and deleted, then AR = RAR is written last;
+    * AR == RAR: done (step 11)."""
+    ar, rar = list(ar), list(rar)
+    if ar == rar:
+        return ReassignmentStep(done=True)
+    if not set(rar) <= set(ar):
+        new_ar = tuple(ar + [r for r in rar if r not in ar])
+        return ReassignmentStep(assignment=new_ar,
+                                state=LeaderAndIsr(current.leader, current.leader_epoch + 1, current.isr,
+                                                   controller_epoch))
+    if not set(rar) <= set(current.isr):
+        return ReassignmentStep()
+    leader = current.leader
+    if leader not in rar or leader not in live:
+        candidates = [r for r in rar if r in live and r in current.isr]
+        if not candidates:
+            return ReassignmentStep()
+        leader = candidates[0]
+    new_isr = tuple(r for r in current.isr if r in rar)
+    return ReassignmentStep(assignment=tuple(rar),
+                            state=LeaderAndIsr(leader, current.leader_epoch + 1, new_isr, controller_epoch),
+                            stop=tuple(r for r in ar if r not in rar), done=True)
+
+
+def controlled_shutdown_moves(assignments: dict[str, dict[int, list[int]]], states: dict[TP, LeaderAndIsr],
+                              live: set[int], shutting_down: set[int], controller_epoch: int
+                              ) -> tuple[dict[TP, LeaderAndIsr], list[TP]]:
+    """Controlled shutdown of ``shutting_down``: every partition they lead (with
+    another replica) moves to the first live ISR member that stays (epoch + 1,
+    the shutting brokers leave the ISR); where they only follow, they leave the
+    ISR. Returns (new states, partitions still led by them that a retry may move:
+    another replica is live but not in the ISR yet). A partition whose other
+    replicas are all down cannot move however long we wait, and is not returned."""
+    eligible = live - shutting_down
+    new: dict[TP, LeaderAndIsr] = {}
+    remaining: list[TP] = []
+    for topic, parts in assignments.items():
+        for p, replicas in parts.items():
+            cur = states.get((topic, p))
+            if cur is None or len(replicas) < 2 or not shutting_down & set(replicas):
+                continue
+            isr = tuple(r for r in cur.isr if r not in shutting_down)
+            if cur.leader in shutting_down:
+                candidates = [r for r in replicas if r in isr and r in eligible]
+                if candidates:
+                    new[(topic, p)] = LeaderAndIsr(candidates[0], cur.leader_epoch + 1, isr, controller_epoch)
+                elif any(r in eligible for r in replicas):
+                    remaining.append((topic, p))  # a live replica may still catch up: worth a retry
+            elif isr != cur.isr and isr:
+                new[(topic, p)] = LeaderAndIsr(cur.leader, cur.leader_epoch, isr, controller_epoch)
+    return new, sorted(remaining)

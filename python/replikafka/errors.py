@@ -149,6 +149,11 @@ class TopicDeletionDisabledError(ReplikafkaError):
     code = "TOPIC_DELETION_DISABLED"
 
 
+class StaleBrokerEpochError(ReplikafkaError):
+    """A request from an older incarnation of a broker (its registration changed)."""
+    code = "STALE_BROKER_EPOCH"
+
+
 class ReassignmentInProgressError(ReplikafkaError):
     """A partition reassignment is already running (/admin/reassign_partitions exists)."""
     code = "REASSIGNMENT_IN_PROGRESS"

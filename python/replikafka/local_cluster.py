@@ -33,6 +33,9 @@ LOCAL_DEFAULTS = {
     "replica.fetch.wait.max.ms": "200",
     "replica.high.watermark.checkpoint.interval.ms": "1000",
     "num.partitions": "1",
+    # A local cluster is often stopped as a whole: do not wait 3 x 5 s for a
+    # controller that is stopping too.
+    "controlled.shutdown.retry.backoff.ms": "500",
 }
 
 

@@ -18,6 +18,10 @@ COMMANDS = {
     "topics": "topics_cmd",
     "console-producer": "console_producer_cmd",
     "console-consumer": "console_consumer_cmd",
+    "replica-verification": "replica_verification_cmd",
+    "state-change-log-merger": "state_change_log_merger_cmd",
+    "reassign-partitions": "reassign_partitions_cmd",
+    "preferred-replica-election": "preferred_replica_election_cmd",
 }
 
 

@@ -14,7 +14,6 @@ read from ``/brokers/ids`` and used as bootstrap servers.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 
 from replikafka import errors as E
@@ -113,20 +112,11 @@ def bootstrap_from(bootstrap_server: str | None, zookeeper: str | None) -> str:
     brokers registered in ZooKeeper under ``/brokers/ids``."""
     if bootstrap_server:
         return bootstrap_server
-    from kazoo.client import KazooClient
-    from kazoo.handlers.threading import KazooTimeoutError
+    from replikafka.cli.zk_session import zk_session
 
-    quiet = logging.getLogger("replikafka.cli.kazoo")  # kazoo's connection chatter is not for the terminal
-    quiet.addHandler(logging.NullHandler())
-    quiet.propagate = False
-    zk = KazooClient(hosts=zookeeper, timeout=10.0, logger=quiet)
-    try:
-        zk.start(timeout=10)
-    except KazooTimeoutError:
-        raise E.BrokerNotAvailableError(f"cannot connect to ZooKeeper at {zookeeper}") from None
-    try:
+    endpoints = []
+    with zk_session(zookeeper) as zk:
         ids = zk.get_children("/brokers/ids") if zk.exists("/brokers/ids") else []
-        endpoints = []
         for bid in sorted(ids, key=lambda s: int(s) if s.isdigit() else s):
             try:
                 data, _ = zk.get(f"/brokers/ids/{bid}")
@@ -134,9 +124,6 @@ def bootstrap_from(bootstrap_server: str | None, zookeeper: str | None) -> str:
                 endpoints.append(f"{info['host']}:{info['port']}")
             except Exception:  # a broker that vanished meanwhile, or a malformed registration
                 continue
-    finally:
-        zk.stop()
-        zk.close()
     if not endpoints:
         raise E.BrokerNotAvailableError(f"no live brokers are registered in ZooKeeper at {zookeeper}")
     return ",".join(endpoints)
