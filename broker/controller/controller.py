@@ -577,7 +577,11 @@ class Controller:
                 continue
             replicas = {b for r in meta.assignment.values() for b in r}
             if not replicas <= set(ctx.live):
+                # Live replicas go now; the topic stays marked until the others return.
                 log.info("deletion of %s waits for brokers %s", topic, sorted(replicas - set(ctx.live)))
+                for b in replicas & set(ctx.live):
+                    self._send_stop_replica(b, [(topic, p) for p, r in meta.assignment.items() if b in r],
+                                            delete=True)
                 continue
             acks: dict[int, bool] = {}
             done = threading.Event()
