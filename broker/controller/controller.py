@@ -440,6 +440,11 @@ class Controller:
     def _advance_reassignments(self, tps: list[TP]) -> None:
         """Take each partition as far through the 11 steps as its state allows now."""
         ctx = self.ctx
+        gone = [tp for tp in tps if tp in ctx.reassigning and (tp[0] not in ctx.topics or tp[0] in ctx.deleting)]
+        if gone:  # the topic was deleted meanwhile: nothing left to move
+            for tp in gone:
+                ctx.reassigning.pop(tp)
+            self.store.set_reassignment(ctx.reassigning)
         steps: dict[TP, D.ReassignmentStep] = {}
         for tp in tps:
             rar, meta, entry = ctx.reassigning.get(tp), ctx.topics.get(tp[0]), ctx.states.get(tp)
