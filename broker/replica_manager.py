@@ -217,6 +217,7 @@ class ReplicaManager:
         out = pb.FetchResponse()
         total = 0
         any_error = False
+        hw_moved = False
         budget = req.max_bytes if req.max_bytes > 0 else 64 << 20
         for fp in req.partitions:
             # Built in place: appending a finished message would copy its records again.
@@ -227,8 +228,10 @@ class ReplicaManager:
                 max_bytes = min(fp.partition_max_bytes or budget, max(budget - total, 1))
                 if req.replica_id >= 0 or req.replica_id == DEBUGGING_REPLICA_ID:
                     if req.replica_id >= 0:
+                        hw_before = part.hw
                         raw, hw, leo, lso = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
                                                                    fp.current_leader_epoch)
+                        hw_moved = hw_moved or hw > hw_before
                     else:  # any replica answers, from its own log, and nothing is recorded
                         raw, hw, leo, lso = part.read_for_debugging(fp.fetch_offset, max_bytes,
                                                                     fp.current_leader_epoch)
@@ -251,6 +254,8 @@ class ReplicaManager:
             except KeyError as exc:  # an unknown projected column
                 r.error.CopyFrom(to_pb(E.InvalidRequestError(f"unknown column {exc} in the projection")))
                 any_error = True
+        if hw_moved:  # a follower's fetch committed data: wake the consumers' long polls now
+            self.notify_data()
         return out, total, any_error
 
     # ------------------------------------------------------------ offsets
