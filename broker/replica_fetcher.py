@@ -106,6 +106,9 @@ class ReplicaFetcher:
 
     # ------------------------------------------------------------ one round
     def do_work(self) -> bool:
+        """One round: truncations, then one fetch. Returns False when the fetcher
+        should pause ``replica.fetch.backoff.ms`` (nothing to fetch, or every
+        partition failed); an empty long poll is not a failure: fetch again at once."""
         with self.lock:
             snapshot = dict(self.states)
         if not snapshot:
@@ -145,17 +148,20 @@ class ReplicaFetcher:
                     continue  # retried next round (new LeaderAndIsr may come)
                 cache = part.log.leader_epoch_cache
                 if asks[tp] < 0:
-                    decision = Truncate(min(part.hw, part.log.log_end_offset))
+                    decision, how = Truncate(min(part.hw, part.log.log_end_offset)), "by high watermark"
                 else:
                     decision = truncation_decision(r.leader_epoch, r.end_offset,
                                                    lambda e, c=cache, lg=part.log: c.end_offset_for(e, lg.log_end_offset),
                                                    part.log.log_end_offset, part.hw)
+                    # truncation_decision falls back to the HW when the leader knows no epoch end.
+                    how = "by high watermark" if r.end_offset < 0 else "by leader epoch"
                 if isinstance(decision, AskAgain):
                     next_asks[tp] = decision.epoch
                     continue
                 if decision.offset < part.log.log_end_offset:
-                    log.info("follower %d truncating %s-%d to %d (leader epoch %d ends at %d)",
-                             self.broker_id, tp[0], tp[1], decision.offset, r.leader_epoch, r.end_offset)
+                    log.info("follower %d truncating %s-%d from %d to %d %s (asked epoch %d; leader epoch %d "
+                             "ends at %d; HW %d)", self.broker_id, tp[0], tp[1], part.log.log_end_offset,
+                             decision.offset, how, asks[tp], r.leader_epoch, r.end_offset, part.hw)
                 part.truncate_to(decision.offset)
                 with self.lock:
                     s = self.states.get(tp)
@@ -178,7 +184,7 @@ class ReplicaFetcher:
         req = pb.FetchRequest(replica_id=self.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
                               max_bytes=self.max_bytes, partitions=parts)
         resp = self.endpoint.fetch(req, self.timeout_s + self.max_wait_ms / 1000.0)
-        got = False
+        failed = 0
         for r in resp.partitions:
             tp = (r.topic, r.partition)
             part = self.lookup(tp)
@@ -186,6 +192,7 @@ class ReplicaFetcher:
             if part is None or s is None:
                 continue
             code = r.error.code
+            failed += bool(code)
             if code == "OFFSET_OUT_OF_RANGE":
                 if part.log.log_end_offset < r.log_start_offset:
                     part.reset_to(r.log_start_offset)
@@ -197,9 +204,8 @@ class ReplicaFetcher:
             if code:
                 # FENCED/UNKNOWN epoch, NOT_LEADER: wait for the controller's next LeaderAndIsr.
                 continue
-            if part.append_as_follower(r.records if r.record_count else None, r.high_watermark, s.leader_epoch):
-                got = True
-        return got
+            part.append_as_follower(r.records if r.record_count else None, r.high_watermark, s.leader_epoch)
+        return failed < len(resp.partitions)
 
 
 class ReplicaFetcherManager:
