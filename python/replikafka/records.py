@@ -284,8 +284,9 @@ def conform_batch(batch: pa.RecordBatch, expected: pa.Schema, topic: str) -> pa.
 
 
 def constant_timestamps(ts_ms: int, n: int) -> pa.Array:
-    """``n`` copies of one timestamp, built without a Python object per row."""
-    return pa.array(np.full(n, ts_ms, dtype=np.int64)).view(TIMESTAMP_TYPE)
+    """``n`` copies of one timestamp, built without a Python object per row (and
+    without ``pa.array``, whose first call imports pandas: seconds on a cold start)."""
+    return pa.Array.from_buffers(TIMESTAMP_TYPE, n, [None, pa.py_buffer(np.full(n, ts_ms, dtype=np.int64))])
 
 
 def now_ms() -> int:
