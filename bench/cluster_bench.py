@@ -20,6 +20,7 @@ ROUNDS = 2
 def _produce(bs: str, topic: str, batches) -> float:
     with replikafka.Producer(bs, acks=1, idempotent=True, linger_ms=0, batch_size=32 << 20,
                              max_in_flight=5) as p:
+        p.send(topic, batches[0].slice(0, 1), partition=0).result(timeout=60)  # warm: connections, imports
         t = time.perf_counter()
         futs = [p.send(topic, b, partition=0) for b in batches]
         for f in futs:

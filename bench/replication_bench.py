@@ -44,6 +44,7 @@ def _batch(first: int, n: int) -> pa.RecordBatch:
 def _produce(bs: str, topic: str, acks) -> float:
     batches = [_batch(i, BATCH) for i in range(0, RECORDS, BATCH)]
     with replikafka.Producer(bs, acks=acks, linger_ms=0) as p:
+        p.send(topic, batches[0].slice(0, 1), partition=0).result(timeout=60)  # warm: connections, imports
         t = time.perf_counter()
         futs = [p.send(topic, b, partition=i % PARTITIONS) for i, b in enumerate(batches)]
         for f in futs:
