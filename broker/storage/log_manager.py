@@ -127,6 +127,8 @@ class LogManager:
         clean = os.path.exists(d.clean_marker)
         recovery_points = d.recovery_points.read()
         log_starts = d.log_starts.read()
+        schemas: dict[str, pa.Schema | None] = {}   # asked once per topic, not once per partition
+        configs: dict[str, LogConfig] = {}
         for name in sorted(os.listdir(d.path)):
             full = os.path.join(d.path, name)
             if not os.path.isdir(full):
@@ -140,13 +142,17 @@ class LogManager:
             if tp in self._logs:
                 raise StorageError(f"partition {tp} has a log in both {self._log_dir_of[tp].path} "
                                    f"and {d.path}")
-            schema = self._topic_schema(tp[0])
+            if tp[0] not in schemas:
+                schemas[tp[0]] = self._topic_schema(tp[0])
+            schema = schemas[tp[0]]
             if schema is None and not Log._list_segments(full):
                 # A log of an unknown (deleted) topic that never got a segment: nothing to keep.
                 log.warning("removing %s: empty log of a topic whose schema is unknown", full)
                 shutil.rmtree(full, ignore_errors=True)
                 continue
-            log_ = Log.open(full, self._topic_config(tp[0]), schema,
+            if tp[0] not in configs:
+                configs[tp[0]] = self._topic_config(tp[0])
+            log_ = Log.open(full, configs[tp[0]], schema,
                             recovery_point=recovery_points.get(tp, 0),
                             log_start_offset=log_starts.get(tp, 0), clock=self._clock, clean=clean)
             self._logs[tp] = log_
@@ -181,7 +187,8 @@ class LogManager:
             existing = self._logs.get(tp)
             if existing is not None:
                 return existing
-            d = min(self._dirs, key=lambda x: sum(1 for v in self._log_dir_of.values() if v is x))
+            d = self._dirs[0] if len(self._dirs) == 1 else \
+                min(self._dirs, key=lambda x: sum(1 for v in self._log_dir_of.values() if v is x))
             path = os.path.join(d.path, partition_dir_name(topic, partition))
             log_ = Log.open(path, config or self._topic_config(topic), schema, clock=self._clock)
             fsync_dir(d.path)
