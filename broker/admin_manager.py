@@ -97,7 +97,8 @@ class AdminManager:
         rf = len(assignment[0])
         live = sorted(self.store.live_brokers())
         extra = random_assignment(req.total_count - current, rf, live, first_partition=current)
-        self.store.set_assignment(req.name, {**assignment, **extra})
+        # Only the new partitions, on the znode's version: a reassignment's AR writes stay.
+        self.store.update_assignment(req.name, extra)
         ok = self.metadata.wait_for(
             lambda m: (t := m.topics.get(req.name)) is not None and len(t.partitions) >= req.total_count,
             self._timeout_s(req.timeout_ms))

@@ -69,6 +69,8 @@ class Partition:
             now = self.clock.time_ms()
             if self.role == LEADER and leader_epoch == self.leader_epoch:
                 # Same epoch: only the ISR or its znode version moved (a shrink can commit).
+                if zk_version < self.zk_version:
+                    return True  # older than the ISR we wrote ourselves since: keep ours
                 self.leader_state.on_replicas_changed(tuple(replicas), now)
                 self.leader_state.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
                 self.isr, self.zk_version, self.replicas = tuple(isr), zk_version, tuple(replicas)
@@ -225,22 +227,26 @@ class Partition:
             return self.log.leader_epoch_cache.end_offset_for(epoch, self.log.log_end_offset)
 
     # ------------------------------------------------------------ leader: ISR
-    def isr_change_wanted(self, lag_time_ms_max: int) -> tuple[int, ...] | None:
+    def isr_change_wanted(self, lag_time_ms_max: int):
+        """An ISR change to write, as (new ISR, the LeaderState it was decided in, leader
+        epoch, znode version, controller epoch), all read under one lock so a LeaderAndIsr
+        arriving meanwhile cannot pair an old decision with a new epoch. None: no change."""
         with self.lock:
             st = self.leader_state
             if self.role != LEADER or st is None:
                 return None
             leo = self.log.log_end_offset
             new = st.isr_to_shrink(self.clock.time_ms(), leo, lag_time_ms_max) or st.isr_to_expand()
-            if new is not None:
-                st.pending_isr = new
-            return new
+            if new is None:
+                return None
+            st.pending_isr = new
+            return new, st, self.leader_epoch, self.zk_version, self.controller_epoch
 
-    def isr_change_done(self, isr, zk_version: int | None) -> None:
+    def isr_change_done(self, isr, zk_version: int | None, decided_in=None) -> None:
         with self.lock:
             st = self.leader_state
-            if st is None:
-                return
+            if st is None or (decided_in is not None and st is not decided_in):
+                return  # a LeaderAndIsr replaced the state the change was decided in
             if zk_version is None:
                 st.pending_isr = None
                 return

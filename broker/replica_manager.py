@@ -43,6 +43,9 @@ class ReplicaManager:
         self.controller_epoch = -1
         self.data_arrived = threading.Condition(threading.Lock())
         self.topic_ids: dict[str, str] = {}
+        # Set once a controlled shutdown handed our roles away: later LeaderAndIsr
+        # (e.g. a new controller's full state) must not make us lead or fetch again.
+        self.shutting_down = False
 
     # ------------------------------------------------------------ lookups
     def get(self, tp: TP) -> Partition | None:
@@ -76,6 +79,9 @@ class ReplicaManager:
         self.metadata.apply_leader_and_isr(req)
         topics = {t.name: t for t in req.topics}
         out = pb.LeaderAndIsrResponse()
+        if self.shutting_down:
+            log.info("LeaderAndIsr from controller %d ignored: this broker is shutting down", req.controller_id)
+            return out
         for s in req.partitions:
             tp = (s.topic, s.partition)
             try:
@@ -118,6 +124,19 @@ class ReplicaManager:
             part = Partition(tp[0], tp[1], self.broker_id, log_, self.clock, hw=self.logs.checkpointed_hw(tp))
             self.partitions[tp] = part
             return part
+
+    def remove_unassigned(self, req: pb.UpdateMetadataRequest) -> None:
+        """Metadata naming a partition's replicas without us: a reassignment moved it away
+        (its StopReplica may have been lost with a failed controller). Stop and delete it."""
+        for s in req.partitions:
+            tp = (s.topic, s.partition)
+            if s.replicas and self.broker_id not in s.replicas and tp in self.partitions:
+                state_log.info("broker %d: %s-%d is no longer assigned here (replicas %s): deleting it "
+                               "(controller epoch %d)", self.broker_id, tp[0], tp[1], list(s.replicas),
+                               req.controller_epoch)
+                self.stop_replica(pb.StopReplicaRequest(
+                    controller_id=req.controller_id, controller_epoch=req.controller_epoch, delete_partitions=True,
+                    partitions=[pb.TopicPartitionRef(topic=tp[0], partition=tp[1])]))
 
     def stop_replica(self, req: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         self.check_controller_epoch(req.controller_epoch)
@@ -305,14 +324,15 @@ class ReplicaManager:
             parts = [p for p in self.partitions.values() if p.role == LEADER]
         changed = []
         for part in parts:
-            new_isr = part.isr_change_wanted(lag)
-            if new_isr is None:
+            wanted = part.isr_change_wanted(lag)
+            if wanted is None:
                 continue
-            state = LeaderAndIsr(self.broker_id, part.leader_epoch, tuple(new_isr), part.controller_epoch)
-            version = self.store.update_partition_state(part.topic, part.partition, state, part.zk_version)
+            new_isr, decided_in, leader_epoch, zk_version, controller_epoch = wanted
+            state = LeaderAndIsr(self.broker_id, leader_epoch, tuple(new_isr), controller_epoch)
+            version = self.store.update_partition_state(part.topic, part.partition, state, zk_version)
             if version is None:
                 current = self.store.get_partition_state(part.topic, part.partition)
-                part.isr_change_done(new_isr, None)
+                part.isr_change_done(new_isr, None, decided_in)
                 if current is not None and current[0].leader == self.broker_id and \
                         current[0].leader_epoch > part.leader_epoch:
                     # The controller bumped our epoch (a reassignment): its LeaderAndIsr is on the way.
@@ -331,7 +351,7 @@ class ReplicaManager:
                             part.leader_state.on_isr_committed(current[0].isr, current[1],
                                                                part.log.log_end_offset)
                 continue
-            part.isr_change_done(new_isr, version)
+            part.isr_change_done(new_isr, version, decided_in)
             state_log.info("broker %d: %s-%d ISR -> %s (zk version %d)", self.broker_id, part.topic,
                            part.partition, list(new_isr), version)
             changed.append(part.tp)

@@ -120,6 +120,7 @@ class BrokerServicer(pbg.ReplikafkaServicer):
         except E.StaleControllerEpochError as exc:
             return pb.UpdateMetadataResponse(error=to_pb(exc))
         self.broker.metadata.update(request)
+        self.rm.remove_unassigned(request)
         self.rm.notify_data()
         return pb.UpdateMetadataResponse()
 

@@ -400,12 +400,21 @@ def reassignment_to_json(plan: dict[tuple[str, int], list[int]]) -> bytes:
 def reassignment_from_json(data: bytes) -> dict[tuple[str, int], list[int]]:
     """Parse the seed-003 reassignment JSON (also the CLI's plan files); errors name the fault."""
     from replikafka.errors import InvalidRequestError
+    def whole(v) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{v!r} is not a whole number")
+        return v
+
     try:
         d = json.loads(data)
         out = {}
         for e in d["partitions"]:
-            replicas = [int(b) for b in e["replicas"]]
-            out[(str(e["topic"]), int(e["partition"]))] = replicas
+            if not isinstance(e["replicas"], list):
+                raise ValueError(f"replicas must be a list of broker ids, got {e['replicas']!r}")
+            tp = (str(e["topic"]), whole(e["partition"]))
+            if tp in out:
+                raise ValueError(f"{tp[0]}-{tp[1]} is listed twice")
+            out[tp] = [whole(b) for b in e["replicas"]]
         return out
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidRequestError(f"bad reassignment JSON (want {{\"version\":1,\"partitions\":"

@@ -31,6 +31,7 @@ class BrokerChannel:
         self.stub = pbg.ReplikafkaStub(self.channel)
         self.timeout_s = request_timeout_s
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_MAX)
+        self.failing = False  # the last attempt failed (the broker is unreachable)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"controller-to-broker-{broker_id}", daemon=True)
         self.thread.start()
@@ -43,14 +44,22 @@ class BrokerChannel:
             method, request, on_response = self.queue.get(timeout=timeout_s)
         except queue.Empty:
             return False
+        try:
+            return self._deliver(method, request, on_response)
+        finally:
+            self.queue.task_done()
+
+    def _deliver(self, method: str, request, on_response) -> bool:
         while not self.stopped.is_set():
             try:
                 resp = getattr(self.stub, method)(request, timeout=self.timeout_s)
+                self.failing = False
                 if on_response is not None:
                     on_response(self.broker_id, resp)
                 return True
             except grpc.RpcError as exc:
                 log.debug("%s to broker %d failed: %s; retrying", method, self.broker_id, exc.code())
+                self.failing = True
                 time.sleep(RETRY_BACKOFF_S)
         return False
 
@@ -60,6 +69,10 @@ class BrokerChannel:
                 self.do_work()
             except Exception:  # a callback bug must not kill the channel
                 log.exception("controller channel to broker %d", self.broker_id)
+
+    def idle(self) -> bool:
+        """Nothing left that could still be delivered (an unreachable broker counts as idle)."""
+        return self.queue.unfinished_tasks == 0 or self.failing
 
     def close(self) -> None:
         self.stopped.set()
@@ -92,6 +105,17 @@ class ControllerChannelManager:
             log.debug("no channel to broker %d for %s", broker_id, method)
             return
         ch.send(method, request, on_response)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait (bounded) until every queued request was delivered; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                busy = [ch for ch in self.channels.values() if not ch.idle()]
+            if not busy:
+                return True
+            time.sleep(0.02)
+        return False
 
     def close(self) -> None:
         with self.lock:

@@ -98,6 +98,9 @@ class Controller:
         if self.thread is not None:
             self.thread.join(timeout=10)
         self._resign(delete_znode=True)
+        # What this controller decided last (a controlled shutdown's new leaders) must
+        # still reach the brokers: deliver what is queued, within a bound.
+        self.channels.drain(timeout_s=5.0)
         self.channels.close()
 
     def _run(self) -> None:
@@ -195,9 +198,15 @@ class Controller:
         log.info("controller failover: loaded %d topics, %d partitions and sent the full state to %d brokers "
                  "in %.3fs", len(ctx.topics), len(ctx.states), len(ctx.live), time.monotonic() - started)
         self._try_delete_topics()
-        # Admin work an earlier controller left unfinished resumes here (seed 003).
-        self._on_reassign()
-        self._on_preferred_election()
+        # Admin work an earlier controller left unfinished resumes here (seed 003);
+        # a failure there must not stop the controller from serving.
+        for resume in (self._on_reassign, self._on_preferred_election):
+            try:
+                resume()
+            except Z.ControllerMovedError:
+                raise
+            except Exception:
+                log.exception("controller failover: resuming %s failed; retried on its next event", resume.__name__)
         self.next_rebalance_check = self.clock() + self.imbalance_check_interval_s
 
     def _load_topic(self, topic: str) -> TopicMeta | None:
@@ -258,8 +267,8 @@ class Controller:
         ctx = self.ctx
         current = {tp: s for tp, (s, _v) in ctx.states.items() if tp[0] not in ctx.deleting}
         assignments = {t: m.assignment for t, m in ctx.topics.items() if t not in ctx.deleting}
-        decisions = D.on_brokers_changed(assignments, current, self._eligible() - set(exclude), ctx.epoch,
-                                         self._unclean_for)
+        decisions = D.on_brokers_changed(assignments, current, set(ctx.live) - set(exclude), ctx.epoch,
+                                         self._unclean_for, avoid=ctx.shutting_down)
         for tp, e in decisions.items():
             if e.unclean:
                 log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
@@ -296,7 +305,8 @@ class Controller:
             cur = {tp: fresh[tp][0] for tp in failed if tp in fresh}
             decisions = D.on_brokers_changed({t: {p: ctx.topics[t].assignment[p] for (tt, p) in cur if tt == t}
                                               for t in {tp[0] for tp in cur}},
-                                             cur, self._eligible(), ctx.epoch, self._unclean_for)
+                                             cur, set(ctx.live), ctx.epoch, self._unclean_for,
+                                             avoid=ctx.shutting_down)
             new = {tp: e.state for tp, e in decisions.items()}
         return done
 
@@ -385,9 +395,9 @@ class Controller:
         for (t, p), replicas in changes.items():
             by_topic.setdefault(t, {})[p] = list(replicas)
         for t, parts in by_topic.items():
-            assignment = self.store.update_assignment(t, parts)
-            if assignment is not None and t in self.ctx.topics:
-                self.ctx.topics[t].assignment = assignment
+            # Only these partitions: others added meanwhile are the partition_change event's news.
+            if self.store.update_assignment(t, parts) is not None and t in self.ctx.topics:
+                self.ctx.topics[t].assignment.update(parts)
 
     def _send_stop_replica(self, broker: int, tps: list[TP], delete: bool) -> None:
         if tps and broker in self.ctx.live:
@@ -400,7 +410,12 @@ class Controller:
         if not self.active:
             return
         ctx = self.ctx
-        pending = self.store.get_reassignment(watch=self._watch("reassign"))
+        try:
+            pending = self.store.get_reassignment(watch=self._watch("reassign"))
+        except E.InvalidRequestError as exc:  # written by hand, not by the tool
+            log.error("%s is not a valid reassignment, removing it: %s", Z.REASSIGN_PARTITIONS, exc)
+            self.store.set_reassignment({})
+            return
         valid = {}
         for tp, rar in pending.items():
             problem = self._reassignment_problem(tp, rar)
@@ -461,17 +476,26 @@ class Controller:
         moving = {tp: st.state for tp, st in steps.items() if st.done and st.state is not None}
         written = set(self._write_decided(moving, "reassignment: leader and ISR into the new replicas"))
         finishing = [tp for tp, st in steps.items() if st.done and (st.state is None or tp in written)]
-        for tp in finishing:
-            if steps[tp].assignment is not None:
-                ctx.topics[tp[0]].assignment[tp[1]] = list(steps[tp].assignment)
-        self._announce([tp for tp in finishing if tp in written])
-        stops: dict[int, list[TP]] = {}
-        for tp in finishing:
-            for b in steps[tp].stop:
-                stops.setdefault(b, []).append(tp)
-        for b, parts in stops.items():
-            self._send_stop_replica(b, parts, delete=True)
-        self._write_assignments({tp: steps[tp].assignment for tp in finishing if steps[tp].assignment is not None})
+        old_ar = {tp: ctx.topics[tp[0]].assignment[tp[1]] for tp in finishing}
+        try:
+            for tp in finishing:
+                if steps[tp].assignment is not None:
+                    ctx.topics[tp[0]].assignment[tp[1]] = list(steps[tp].assignment)
+            self._announce([tp for tp in finishing if tp in written])
+            stops: dict[int, list[TP]] = {}
+            for tp in finishing:
+                for b in steps[tp].stop:
+                    stops.setdefault(b, []).append(tp)
+            for b, parts in stops.items():
+                self._send_stop_replica(b, parts, delete=True)
+            self._write_assignments({tp: steps[tp].assignment for tp in finishing
+                                     if steps[tp].assignment is not None})
+        except BaseException:
+            # ZooKeeper still says AR = OAR + RAR: so must the cache, or the step is never redone.
+            for tp, ar in old_ar.items():
+                if tp[0] in ctx.topics:
+                    ctx.topics[tp[0]].assignment[tp[1]] = ar
+            raise
         if finishing:
             for tp in finishing:
                 ctx.reassigning.pop(tp, None)
@@ -483,7 +507,12 @@ class Controller:
     def _on_preferred_election(self) -> None:
         if not self.active:
             return
-        tps = self.store.get_preferred_election(watch=self._watch("preferred_election"))
+        try:
+            tps = self.store.get_preferred_election(watch=self._watch("preferred_election"))
+        except (ValueError, KeyError, TypeError) as exc:  # written by hand, not by the tool
+            log.error("%s is not a valid election request, removing it: %r", Z.PREFERRED_REPLICA_ELECTION, exc)
+            self.store.delete_preferred_election()
+            return
         if tps is None:
             return
         moved = self._elect_preferred(tps)
@@ -558,9 +587,10 @@ class Controller:
         # every replica it no longer leads, so it neither serves nor fetches them.
         self._announce(done, skip=ctx.shutting_down)
         stop = [(t, p) for t, parts in assignments.items() for p, r in parts.items()
-                if b in r and len(r) > 1 and ctx.states[(t, p)][0].leader != b]
+                if b in r and len(r) > 1 and (t, p) in ctx.states and ctx.states[(t, p)][0].leader != b]
         self._send_stop_replica(b, stop, delete=False)
-        return sorted(set(remaining) | {tp for tp in new if ctx.states[tp][0].leader == b})
+        # A write that lost a race with a leader's own ISR write is retried by the broker.
+        return sorted(set(remaining) | (set(new) - set(done)))
 
     # ------------------------------------------------------------ topic deletion
     def _on_delete_topics(self) -> None:

@@ -61,13 +61,14 @@ class Election:
 
 
 def elect_leader(replicas: list[int], current: LeaderAndIsr, live: set[int], controller_epoch: int,
-                 unclean_allowed: bool) -> Election | None:
+                 unclean_allowed: bool, avoid=frozenset()) -> Election | None:
     """Offline-partition election: the first replica (assignment order) that is
-    alive and in the ISR. With none: unclean election if allowed (data loss,
-    logged loudly by the shell), else the partition stays offline keeping its
-    last ISR so that member can lead when it returns. None = nothing to change."""
+    alive and in the ISR, brokers in ``avoid`` (shutting down) only if no other
+    will do. With none: unclean election if allowed (data loss, logged loudly by
+    the shell), else the partition stays offline keeping its last ISR so that
+    member can lead when it returns. None = nothing to change."""
     live_isr = [r for r in current.isr if r in live]
-    candidates = [r for r in replicas if r in live_isr]
+    candidates = sorted((r for r in replicas if r in live_isr), key=lambda r: r in avoid)
     if candidates:
         leader = candidates[0]
         if leader == current.leader and tuple(live_isr) == current.isr:
@@ -93,10 +94,12 @@ def remove_from_isr(current: LeaderAndIsr, dead: set[int], controller_epoch: int
 
 def on_brokers_changed(assignments: dict[str, dict[int, list[int]]],
                        states: dict[TP, LeaderAndIsr], live: set[int], controller_epoch: int,
-                       unclean_for) -> dict[TP, Election]:
+                       unclean_for, avoid=frozenset()) -> dict[TP, Election]:
     """Every state change the controller makes when the set of live brokers changes:
     partitions whose leader died (or that are offline and can now lead again) get a
-    new leader; dead followers leave ISRs. ``unclean_for(topic) -> bool``."""
+    new leader, not one in ``avoid`` (shutting down) if another in-sync replica can;
+    dead followers leave ISRs. A broker in ``avoid`` is alive: what it still leads
+    stays with it. ``unclean_for(topic) -> bool``."""
     out: dict[TP, Election] = {}
     for topic, parts in assignments.items():
         for p, replicas in parts.items():
@@ -104,7 +107,7 @@ def on_brokers_changed(assignments: dict[str, dict[int, list[int]]],
             if cur is None:
                 continue
             if cur.leader == NO_LEADER or cur.leader not in live:
-                e = elect_leader(replicas, cur, live, controller_epoch, unclean_for(topic))
+                e = elect_leader(replicas, cur, live, controller_epoch, unclean_for(topic), avoid)
                 if e is not None:
                     out[(topic, p)] = e
             else:
@@ -221,8 +224,8 @@ def controlled_shutdown_moves(assignments: dict[str, dict[int, list[int]]], stat
     for topic, parts in assignments.items():
         for p, replicas in parts.items():
             cur = states.get((topic, p))
-            if cur is None or len(replicas) < 2 or not shutting_down & set(replicas):
-                continue
+            if cur is None or len(replicas) < 2 or not shutting_down & set(replicas) or cur.leader not in live:
+                continue  # offline, or its leader's death is the controller's next event
             isr = tuple(r for r in cur.isr if r not in shutting_down)
             if cur.leader in shutting_down:
                 candidates = [r for r in replicas if r in isr and r in eligible]
@@ -231,5 +234,7 @@ def controlled_shutdown_moves(assignments: dict[str, dict[int, list[int]]], stat
                 elif any(r in eligible for r in replicas):
                     remaining.append((topic, p))  # a live replica may still catch up: worth a retry
             elif isr != cur.isr and isr:
-                new[(topic, p)] = LeaderAndIsr(cur.leader, cur.leader_epoch, isr, controller_epoch)
+                # Epoch + 1 fences the shutting follower's fetches, so the leader cannot
+                # take it back into the ISR before it stops.
+                new[(topic, p)] = LeaderAndIsr(cur.leader, cur.leader_epoch + 1, isr, controller_epoch)
     return new, sorted(remaining)

@@ -71,6 +71,10 @@ def test_execute_refuses_a_plan_naming_what_is_wrong(store, zk_connect, tmp_path
     ('{"version": 1}', "bad reassignment JSON"),
     ('{"version": 1, "partitions": []}', "lists no partitions"),
     ('{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 1]}]}', "distinct replicas"),
+    ('{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": "45"}]}', "must be a list"),
+    ('{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [true, 2]}]}', "not a whole number"),
+    ('{"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2]},'
+     ' {"topic": "t", "partition": 0, "replicas": [2, 3]}]}', "t-0 is listed twice"),
 ])
 def test_a_malformed_plan_file_is_a_usage_error(store, zk_connect, tmp_path, capsys, content, named):
     p = tmp_path / "bad.json"
@@ -102,6 +106,14 @@ def test_execute_then_verify_in_progress_completed_and_failed(store, zk_connect,
     assert rc == 1
     assert "Reassignment of partition t-0 completed successfully" in out
     assert "Reassignment of partition t-1 failed" in out
+
+
+def test_a_bad_zookeeper_address_is_one_line(capsys):
+    rc, out, err = run(capsys, "reassign-partitions", "--zookeeper", "127.0.0.1:notaport", "--verify",
+                       "--reassignment-json-file", "/dev/null")
+    assert rc == 2 and "Traceback" not in err   # the file is checked first
+    rc, out, err = run(capsys, "preferred-replica-election", "--zookeeper", "127.0.0.1:notaport")
+    assert rc == 1 and "is not HOST:PORT" in err and "Traceback" not in err
 
 
 def test_preferred_replica_election_checks_partitions_and_waits_for_the_controller(store, zk_connect, tmp_path,

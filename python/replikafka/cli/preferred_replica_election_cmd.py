@@ -35,6 +35,8 @@ def _read_partitions(path: str) -> list[tuple[str, int]]:
         raise ValueError(f'{path!r}: want {{"partitions":[{{"topic":"t","partition":0}}]}} ({exc!r})') from None
     if len(set(tps)) != len(tps):
         raise ValueError(f"{path!r} lists a partition twice")
+    if not tps:
+        raise ValueError(f"{path!r} lists no partitions")
     return tps
 
 
@@ -52,6 +54,9 @@ def run(args) -> int:
         assignments = {t: store.get_assignment(t) or {} for t in store.list_topics()}
         if wanted is None:
             wanted = [(t, p) for t, a in sorted(assignments.items()) for p in sorted(a)]
+            if not wanted:
+                raise E.UnknownTopicOrPartitionError(f"ZooKeeper at {args.zookeeper} holds no topics "
+                                                     f"(the wrong chroot?)")
         unknown = [f"{t}-{p}" for t, p in wanted if p not in assignments.get(t, {})]
         if unknown:
             raise E.UnknownTopicOrPartitionError(f"partitions {', '.join(unknown)} do not exist")

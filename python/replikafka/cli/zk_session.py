@@ -16,13 +16,20 @@ def zk_session(connect: str, timeout_s: float = 10.0):
     quiet = logging.getLogger("replikafka.cli.kazoo")  # kazoo's connection chatter is not for the terminal
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
-    zk = KazooClient(hosts=connect, timeout=timeout_s, logger=quiet)
+    from kazoo.exceptions import KazooException
+
+    try:
+        zk = KazooClient(hosts=connect, timeout=timeout_s, logger=quiet)
+    except ValueError as exc:
+        raise E.InvalidConfigError(f"--zookeeper {connect!r} is not HOST:PORT[,HOST:PORT...][/chroot]: {exc}") from None
     try:
         zk.start(timeout=timeout_s)
     except KazooTimeoutError:
         raise E.BrokerNotAvailableError(f"cannot connect to ZooKeeper at {connect}") from None
     try:
         yield zk
+    except KazooException as exc:
+        raise E.BrokerNotAvailableError(f"ZooKeeper at {connect} failed: {type(exc).__name__} {exc}") from None
     finally:
         zk.stop()
         zk.close()

@@ -81,7 +81,7 @@ def test_controlled_shutdown_moves_leaders_and_leaves_isrs():
               ("t", 3): L(1, 0, (1,), 1),           # RF 1: cannot move, not reported
               ("u", 0): L(1, 0, (1,), 1)}           # 3 is down: cannot move, not reported
     new, remaining = D.controlled_shutdown_moves(assignments, states, {1, 2}, {1}, 9)
-    assert new == {("t", 0): L(2, 4, (2, 3), 9), ("t", 1): L(2, 3, (2, 3), 9)}
+    assert new == {("t", 0): L(2, 4, (2, 3), 9), ("t", 1): L(2, 4, (2, 3), 9)}
     assert remaining == [("t", 2)]
 
 
@@ -90,3 +90,20 @@ def test_controlled_shutdown_never_moves_to_another_shutting_broker():
     states = {("t", 0): L(1, 0, (1, 2, 3), 1)}
     new, remaining = D.controlled_shutdown_moves(assignments, states, {1, 2, 3}, {1, 2}, 2)
     assert new == {("t", 0): L(3, 1, (3,), 2)} and remaining == []
+
+
+def test_a_broker_in_controlled_shutdown_is_alive_for_offline_elections():
+    assignments = {"t": {0: [1, 2], 1: [3, 1, 2], 2: [3, 1]}}
+    states = {("t", 0): L(1, 1, (1,), 1),        # led by the shutting broker 1 (nothing else in sync)
+              ("t", 1): L(3, 1, (3, 1, 2), 1),   # leader 3 died: 2 is preferred over shutting 1
+              ("t", 2): L(3, 1, (3, 1), 1)}      # leader 3 died, only 1 in sync: 1 leads, not unclean
+    out = D.on_brokers_changed(assignments, states, {1, 2}, 2, lambda t: True, avoid={1})
+    assert ("t", 0) not in out
+    assert out[("t", 1)] == D.Election(L(2, 2, (1, 2), 2))
+    assert out[("t", 2)] == D.Election(L(1, 2, (1,), 2))
+
+
+def test_controlled_shutdown_leaves_offline_and_dead_led_partitions_alone():
+    assignments = {"t": {0: [1, 2], 1: [3, 1, 2]}}
+    states = {("t", 0): L(-1, 4, (1, 2), 1), ("t", 1): L(3, 1, (3, 1, 2), 1)}   # 3 just died
+    assert D.controlled_shutdown_moves(assignments, states, {1, 2}, {1}, 2) == ({}, [])
