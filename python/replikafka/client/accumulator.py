@@ -6,8 +6,9 @@ lock held. Methods that finish user futures return *actions* (callables) which
 the caller runs after releasing the lock, so user callbacks never run under it.
 
 Ordering and idempotence: concurrent gRPC calls may reach the broker in any
-order, so a partition has at most one batch in flight; a request carries one
-batch for each of several partitions of the same leader, and ``max_in_flight``
+order, so a partition has at most one request in flight; a request carries,
+for each of several partitions of the same leader, the partition's next
+batches in order (up to ``PARTITION_REQUEST_BYTES``), and ``max_in_flight``
 bounds the requests in flight per broker. A batch gets its sequence number
 the first time it is drained and keeps it on retries, which go first, so
 batches reach the broker in sequence order. If a sequenced batch fails for
@@ -33,6 +34,7 @@ Action = Callable[[], None]
 
 SEQUENCE_MODULUS = 1 << 31  # Kafka wraps base sequences at Integer.MAX_VALUE
 MAX_REQUEST_BYTES = 64 * 1024 * 1024  # cap on one Produce RPC (many partitions)
+PARTITION_REQUEST_BYTES = 8 * 1024 * 1024  # cap on one partition's batches in one Produce RPC
 
 
 def ipc_size(batch: pa.RecordBatch) -> int:
@@ -230,25 +232,27 @@ class Accumulator:
                 continue
             if target in plan and plan_bytes[target] + b.size > MAX_REQUEST_BYTES:
                 continue
-            if self.idempotent:
-                if st.generation != self.generation:
-                    if st.inflight:
-                        continue  # wait for the old producer id's batches to come back
-                    st.generation, st.next_sequence = self.generation, 0
-                if b.sequence is None or b.generation != self.generation:
-                    b.sequence = st.next_sequence
-                    b.generation = self.generation
-                    b.producer_id, b.producer_epoch = self.producer_id, self.producer_epoch
-                    st.next_sequence = (st.next_sequence + b.rows) % SEQUENCE_MODULUS
-            st.queue.popleft()
-            st.inflight.append(b)
-            b.sealed = True
+            if self.idempotent and st.generation != self.generation:
+                st.generation, st.next_sequence = self.generation, 0   # nothing in flight (checked above)
             if target not in plan:
                 plan[target] = []
                 plan_bytes[target] = 0
                 self.broker_inflight[target] = self.broker_inflight.get(target, 0) + 1
-            plan[target].append(b)
-            plan_bytes[target] += b.size
+            # The head batch, then the full ones queued behind it, in order in this one
+            # request (the broker appends a partition's entries in request order).
+            taken = 0
+            while True:
+                self._take(st, b)
+                plan[target].append(b)
+                plan_bytes[target] += b.size
+                taken += b.size
+                if not st.queue or b.attempts:
+                    break  # a retry goes alone
+                b = st.queue[0]
+                ready = len(st.queue) > 1 or b.size >= cap_of(tp) or flushing or now >= b.created + self.linger_s
+                if (not ready or b.attempts or taken + b.size > PARTITION_REQUEST_BYTES
+                        or plan_bytes[target] + b.size > MAX_REQUEST_BYTES):
+                    break
         return plan, wake, leaderless
 
     def _take(self, st: _PartitionState, b: ProducerBatch) -> None:

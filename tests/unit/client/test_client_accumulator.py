@@ -211,3 +211,27 @@ def test_abort_all_fails_queued_and_in_flight():
         action()
     assert isinstance(f1.exception(), E.KafkaTimeoutError) and isinstance(f2.exception(), E.KafkaTimeoutError)
     assert not a.incomplete and a.buffer_used == 0
+
+
+def test_a_partitions_full_batches_go_together_in_order_in_one_request(monkeypatch):
+    import replikafka.client.accumulator as A
+    a = acc()
+    for _ in range(12):
+        send(a, TP, rows(30))
+    queued = list(a.parts[TP].queue)
+    assert len(queued) >= 4 and queued[-1].size < 1000
+    # The last batch is still open (lingering): the full ones before it go, in order.
+    monkeypatch.setattr(A, "PARTITION_REQUEST_BYTES", 10_000)
+    plan, _, _ = drain(a, 0.001)
+    assert plan["b1"] == queued[:-1]
+    seqs = [b.sequence for b in plan["b1"]]
+    assert seqs == [sum(b.rows for b in queued[:i]) for i in range(len(queued) - 1)]
+    assert list(a.parts[TP].queue) == queued[-1:]
+    # Capped per partition: with room for two, two go.
+    b = acc()
+    for _ in range(12):
+        send(b, TP, rows(30))
+    two = list(b.parts[TP].queue)[:2]
+    monkeypatch.setattr(A, "PARTITION_REQUEST_BYTES", two[0].size + two[1].size)
+    plan, _, _ = drain(b, 0.001)
+    assert plan["b1"] == two
