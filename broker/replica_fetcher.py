@@ -71,12 +71,20 @@ class ReplicaFetcher:
         self.thread: threading.Thread | None = None
 
     def add(self, tp, leader_epoch: int) -> None:
+        self.add_many({tp: leader_epoch})
+
+    def add_many(self, epochs: dict) -> None:
         with self.lock:
-            self.states[tp] = FetchState(leader_epoch)
+            for tp, leader_epoch in epochs.items():
+                self.states[tp] = FetchState(leader_epoch)
 
     def remove(self, tp) -> None:
+        self.remove_many([tp])
+
+    def remove_many(self, tps) -> None:
         with self.lock:
-            self.states.pop(tp, None)
+            for tp in tps:
+                self.states.pop(tp, None)
 
     def partition_count(self) -> int:
         with self.lock:
@@ -222,27 +230,52 @@ class ReplicaFetcherManager:
         self.lock = threading.Lock()
 
     def add_partition(self, tp, leader_id: int, leader_epoch: int) -> None:
-        key = (leader_id, hash(tp) % self.num_fetchers)
+        self.add_partitions({tp: (leader_id, leader_epoch)})
+
+    def add_partitions(self, partitions: dict) -> None:
+        """Fetch ``{tp: (leader id, leader epoch)}`` from those leaders: one pass for a
+        whole LeaderAndIsr (thousands of partitions), each fetcher's lock taken once."""
+        if not partitions:
+            return
+        adds: dict[tuple[int, int], dict] = {}
+        removes: dict[tuple[int, int], list] = {}
         with self.lock:
-            old = self.owner.get(tp)
-            if old is not None and old != key and old in self.fetchers:
-                self.fetchers[old].remove(tp)
-            f = self.fetchers.get(key)
-            if f is None:
-                f = ReplicaFetcher(self.broker_id, leader_id, self.endpoint_factory(leader_id), self.lookup,
-                                   **self.fetch_opts)
-                self.fetchers[key] = f
-                f.start()
-            f.add(tp, leader_epoch)
-            self.owner[tp] = key
+            for tp, (leader_id, leader_epoch) in partitions.items():
+                key = (leader_id, hash(tp) % self.num_fetchers)
+                old = self.owner.get(tp)
+                if old is not None and old != key:
+                    removes.setdefault(old, []).append(tp)
+                adds.setdefault(key, {})[tp] = leader_epoch
+                self.owner[tp] = key
+            for key, tps in removes.items():
+                if key in self.fetchers:
+                    self.fetchers[key].remove_many(tps)
+            for key, epochs in adds.items():
+                f = self.fetchers.get(key)
+                if f is None:
+                    f = ReplicaFetcher(self.broker_id, key[0], self.endpoint_factory(key[0]), self.lookup,
+                                       **self.fetch_opts)
+                    self.fetchers[key] = f
+                    f.start()
+                f.add_many(epochs)
         self._stop_idle()
 
     def remove_partition(self, tp) -> None:
+        self.remove_partitions([tp])
+
+    def remove_partitions(self, tps) -> None:
+        """Stop fetching these partitions (one pass for a whole request)."""
+        removes: dict[tuple[int, int], list] = {}
         with self.lock:
-            key = self.owner.pop(tp, None)
-            if key is not None and key in self.fetchers:
-                self.fetchers[key].remove(tp)
-        self._stop_idle()
+            for tp in tps:
+                key = self.owner.pop(tp, None)
+                if key is not None:
+                    removes.setdefault(key, []).append(tp)
+            for key, group in removes.items():
+                if key in self.fetchers:
+                    self.fetchers[key].remove_many(group)
+        if removes:
+            self._stop_idle()
 
     def _stop_idle(self) -> None:
         with self.lock:

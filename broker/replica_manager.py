@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from replikafka import errors as E
 from replikafka import records as R
+from replikafka.broker import state_change_log
 from replikafka.broker.partition import LEADER, Partition
 from replikafka.broker.zk_store import LeaderAndIsr
 from replikafka.protocol import replikafka_pb2 as pb
@@ -39,6 +40,7 @@ class ReplicaManager:
         self.fetchers = fetchers
         self.clock = clock
         self.lock = threading.RLock()
+        self.role_change_lock = threading.Lock()   # one LeaderAndIsr at a time (Kafka's replicaStateChangeLock)
         self.partitions: dict[TP, Partition] = {}
         self.controller_epoch = -1
         self.data_arrived = threading.Condition(threading.Lock())
@@ -74,35 +76,57 @@ class ReplicaManager:
             self.controller_epoch = epoch
 
     def leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
+        """Take up the roles in ``req``. A failover hands one broker thousands of
+        partitions at once, so the fetcher changes and the state-change log lines are
+        done once per request, not once per partition. As in Kafka, partitions that
+        become leaders leave their fetchers before they lead, and requests are handled
+        one at a time (a controller's retry of a slow request waits for the first)."""
         started = time.monotonic()
         self.check_controller_epoch(req.controller_epoch)
-        self.metadata.apply_leader_and_isr(req)
         topics = {t.name: t for t in req.topics}
         out = pb.LeaderAndIsrResponse()
         if self.shutting_down:
+            self.metadata.apply_leader_and_isr(req)
             log.info("LeaderAndIsr from controller %d ignored: this broker is shutting down", req.controller_id)
             return out
-        for s in req.partitions:
-            tp = (s.topic, s.partition)
-            try:
+        logging_on = state_change_log.enabled()
+        lines: list[str] = []
+        with self.role_change_lock:
+            self.metadata.apply_leader_and_isr(req)
+            mine: list[tuple[pb.PartitionState, Partition]] = []
+            for s in req.partitions:
                 if self.broker_id not in s.replicas:
                     continue
-                part = self._get_or_create(tp, topics.get(s.topic))
-                if s.leader == self.broker_id:
-                    if part.make_leader(s.leader_epoch, s.isr, s.replicas, s.zk_version, s.controller_epoch):
-                        self.fetchers.remove_partition(tp)
-                        state_log.info("broker %d: %s-%d becomes LEADER epoch %d isr %s (controller epoch %d)",
-                                       self.broker_id, tp[0], tp[1], s.leader_epoch, list(s.isr), req.controller_epoch)
-                else:
-                    if part.make_follower(s.leader, s.leader_epoch, s.isr, s.replicas, s.zk_version,
-                                          s.controller_epoch):
-                        self.fetchers.add_partition(tp, s.leader, s.leader_epoch)
-                        state_log.info("broker %d: %s-%d becomes FOLLOWER of %d epoch %d (controller epoch %d)",
-                                       self.broker_id, tp[0], tp[1], s.leader, s.leader_epoch, req.controller_epoch)
+                try:
+                    mine.append((s, self._get_or_create((s.topic, s.partition), topics.get(s.topic))))
+                except E.ReplikafkaError as exc:
+                    out.partitions.append(pb.PartitionError(topic=s.topic, partition=s.partition, error=to_pb(exc)))
+            # Not stale (make_leader refuses an older epoch): stop following first.
+            self.fetchers.remove_partitions([part.tp for s, part in mine if s.leader == self.broker_id
+                                             and s.leader_epoch >= part.leader_epoch])
+            follow: dict[TP, tuple[int, int]] = {}
+            unfollow: list[TP] = []
+            for s, part in mine:
+                tp = part.tp
+                try:
+                    if s.leader == self.broker_id:
+                        if part.make_leader(s.leader_epoch, s.isr, s.replicas, s.zk_version, s.controller_epoch) \
+                                and logging_on:
+                            lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes LEADER epoch "
+                                         f"{s.leader_epoch} isr {list(s.isr)} (controller epoch {req.controller_epoch})")
+                    elif part.make_follower(s.leader, s.leader_epoch, s.isr, s.replicas, s.zk_version,
+                                            s.controller_epoch):
+                        follow[tp] = (s.leader, s.leader_epoch)
+                        if logging_on:
+                            lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes FOLLOWER of {s.leader} "
+                                         f"epoch {s.leader_epoch} (controller epoch {req.controller_epoch})")
                     elif s.leader < 0:
-                        self.fetchers.remove_partition(tp)
-            except E.ReplikafkaError as exc:
-                out.partitions.append(pb.PartitionError(topic=tp[0], partition=tp[1], error=to_pb(exc)))
+                        unfollow.append(tp)
+                except E.ReplikafkaError as exc:
+                    out.partitions.append(pb.PartitionError(topic=tp[0], partition=tp[1], error=to_pb(exc)))
+            self.fetchers.remove_partitions(unfollow)
+            self.fetchers.add_partitions(follow)
+        state_change_log.log_lines(lines)
         self.notify_data()
         log.info("LeaderAndIsr from controller %d (epoch %d): %d partitions in %.3fs", req.controller_id,
                  req.controller_epoch, len(req.partitions), time.monotonic() - started)

@@ -27,6 +27,7 @@ from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
 from replikafka.broker.replica_manager import ReplicaManager
 from replikafka.broker.rpc_server import BrokerServicer
+from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.storage.fileio import atomic_write_bytes
 from replikafka.broker.storage.log_manager import LogManager
@@ -155,9 +156,10 @@ class BrokerServer:
         d = list(self.config.get("log.dirs"))[0]
         os.makedirs(d, exist_ok=True)
         handler = logging.FileHandler(os.path.join(d, "state-change.log"))
-        handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s"))
-        logger = logging.getLogger("replikafka.state.change")
+        handler.setFormatter(StateChangeFormatter())   # a batch of transitions is one record, a line each
+        logger = logging.getLogger(STATE_CHANGE_LOGGER)
         logger.addHandler(handler)
+        logger.propagate = False   # as Kafka's state.change.logger: not repeated in the broker log
         logger.setLevel(logging.INFO)
         self.state_change_handler = handler
 

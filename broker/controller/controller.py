@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from replikafka.broker import state_change_log
 from replikafka.broker import zk_store as Z
 from replikafka.broker.controller import controller_decisions as D
 from replikafka.broker.controller.broker_channels import ControllerChannelManager
@@ -191,9 +192,8 @@ class Controller:
         ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch("delete_topics")))
         self.store.take_isr_change_notifications(watch=self._watch("isr_change"))
         self._elect_offline()
-        # Full state to every live broker: metadata first, then roles.
-        for bid in ctx.live:
-            self._send_update_metadata([bid], list(ctx.states), full=True)
+        # Full state to every live broker: metadata first, then roles (one request built for all).
+        self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
         self._send_leader_and_isr(list(ctx.states))
         log.info("controller failover: loaded %d topics, %d partitions and sent the full state to %d brokers "
                  "in %.3fs", len(ctx.topics), len(ctx.states), len(ctx.live), time.monotonic() - started)
@@ -295,8 +295,10 @@ class Controller:
             ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates)
             for tp, version in ok.items():
                 ctx.states[tp] = (new[tp], version)
-                state_log.info("controller %d epoch %d: %s-%d -> %s", self.broker_id, ctx.epoch, tp[0], tp[1], new[tp])
                 done.append(tp)
+            if state_change_log.enabled():  # one record for the batch (a line per partition)
+                state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} -> "
+                                            f"{new[tp]}" for tp in ok])
             if not failed:
                 break
             # A leader changed its ISR meanwhile: re-read and decide again.
