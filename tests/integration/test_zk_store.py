@@ -1,0 +1,24 @@
+"""ZkStore against a real ZooKeeper: partition states read with multiRead."""
+from __future__ import annotations
+
+import pytest
+
+from replikafka.broker.zk_store import LeaderAndIsr, ZkStore
+
+pytestmark = pytest.mark.integration
+
+
+def test_many_states_in_multi_reads_missing_ones_left_out(kazoo_client):
+    store = ZkStore(kazoo_client)           # a chroot: paths go through it
+    store.ensure_paths()
+    states = {("a", p): LeaderAndIsr(1 + p % 3, p, (1 + p % 3, 2), 4) for p in range(2500)}
+    store.create_partition_states(states)
+    store.update_partition_state("a", 7, LeaderAndIsr(2, 8, (2,), 5), 0)
+    asked = [("a", p) for p in range(2500)] + [("missing", 0), ("a", 9999)]
+    got = store.get_partition_states(asked)
+    assert store._multi_read_ok                           # 3 multiReads of up to 1000, not 2502 gets
+    assert set(got) == set(states)
+    assert got[("a", 7)] == (LeaderAndIsr(2, 8, (2,), 5), 1)
+    assert all(got[tp] == (s, 0) for tp, s in states.items() if tp != ("a", 7))
+    assert got == store._read_states_pipelined(asked)     # the fallback reads the same
+    assert store.get_partition_states([]) == {}
