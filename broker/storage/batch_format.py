@@ -39,6 +39,8 @@ owns one and uses it under its lock).
 from __future__ import annotations
 
 import struct
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -444,8 +446,9 @@ class BatchEncoder:
     copied). Sealing computes the CRC-32C over the body pieces and replaces the
     8-character placeholder in the metadata piece by the hex CRC. The column
     data is then copied once, by the kernel, when the pieces are written, as
-    when pyarrow writes a file itself. Not thread-safe (a Log owns one and uses
-    it under its lock).
+    when pyarrow writes a file itself. Thread-safe: the writer is used under a
+    lock, the CRCs are computed outside it. The logs of one schema share one
+    encoder (:func:`shared_encoder`).
     """
 
     def __init__(self, schema: pa.Schema):
@@ -455,6 +458,7 @@ class BatchEncoder:
         self._writer = None
         self._schema_pending = False
         self._placeholder = CRC_PLACEHOLDER.decode()
+        self._lock = threading.Lock()
 
     def _start(self) -> None:
         self._sink = _GatherSink()
@@ -467,22 +471,40 @@ class BatchEncoder:
         compute (`msg.seal(msg.body_crc())`), e.g. to size-check first."""
         out = []
         for batch, header in items:
-            if self._writer is None:
-                self._start()
-            sink = self._sink
-            sink.pieces = []
-            try:
-                self._writer.write_batch(batch, custom_metadata=header.metadata(self._placeholder))
-            except BaseException:
-                self._writer = None     # its stream state is unknown now: start a new one
-                raise
-            pieces = sink.pieces
-            if self._schema_pending:
-                pieces = _drop_prefix(pieces, self._schema_size)
-                self._schema_pending = False
+            with self._lock:
+                if self._writer is None:
+                    self._start()
+                sink = self._sink
+                sink.pieces = []
+                try:
+                    self._writer.write_batch(batch, custom_metadata=header.metadata(self._placeholder))
+                except BaseException:
+                    self._writer = None     # its stream state is unknown now: start a new one
+                    raise
+                pieces = sink.pieces
+                if self._schema_pending:
+                    pieces = _drop_prefix(pieces, self._schema_size)
+                    self._schema_pending = False
             msg = _split(pieces, header)
             out.append(msg.seal(msg.body_crc()) if seal else msg)
         return out
+
+
+_shared_encoders: "weakref.WeakValueDictionary[bytes, BatchEncoder]" = weakref.WeakValueDictionary()
+_shared_encoders_lock = threading.Lock()
+
+
+def shared_encoder(schema: pa.Schema) -> BatchEncoder:
+    """The encoder every log of this schema uses. Starting a stream writer costs
+    about as much as encoding a small batch; after a failover thousands of logs of
+    one topic take their first append at once, and they start one writer, not one
+    each. Held by its logs (weakly here): it goes with the last of them."""
+    key = schema_message(schema)
+    with _shared_encoders_lock:
+        enc = _shared_encoders.get(key)
+        if enc is None:
+            enc = _shared_encoders[key] = BatchEncoder(schema)
+        return enc
 
 
 def _drop_prefix(pieces: list, nbytes: int) -> list:

@@ -147,7 +147,7 @@ class Log:
         self._clock = clock
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
-        self._encoder = bf.BatchEncoder(schema)
+        self._encoder = bf.shared_encoder(schema)
         self._ts_index = schema.get_field_index(TIMESTAMP_COLUMN)
         self._epoch_cache = LeaderEpochFileCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT))
         self._segments: list[LogSegment] = []      # replaced, never mutated in place

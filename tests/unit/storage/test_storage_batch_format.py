@@ -183,3 +183,28 @@ def test_read_schema_message():
         bf.read_schema_message(schema_msg[:-3], len(schema_msg) - 3)
     with pytest.raises(CorruptRecordError):
         bf.read_schema_message(b"\x00" * 64, 64)
+
+
+def test_logs_of_one_schema_share_one_encoder_and_it_is_thread_safe():
+    import threading
+
+    enc = bf.shared_encoder(SCHEMA)
+    assert bf.shared_encoder(pa.schema(list(SCHEMA))) is enc          # an equal schema, another object
+    assert bf.shared_encoder(pa.schema([("other", pa.int64()), ("timestamp", TS)])) is not enc
+    results: dict[int, list] = {}
+
+    def work(t):
+        results[t] = [bf.shared_encoder(SCHEMA).encode([(make_batch(t * 1000 + i, 3), header(t * 1000 + i, 3))])[0]
+                      for i in range(50)]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t, msgs in results.items():            # each message decodes to its own batch, whoever encoded alongside
+        for i, msg in enumerate(msgs):
+            buf = stream_of(msg)
+            decoded = bf.decode_batch(buf, len(bf.schema_message(SCHEMA)), buf.size, SCHEMA,
+                                      expected_base_offset=t * 1000 + i)
+            assert decoded.batch.equals(make_batch(t * 1000 + i, 3)) and decoded.header == msg.header
