@@ -356,8 +356,12 @@ def max_timestamp_ms(batch: pa.RecordBatch) -> int:
         return -1
     col = batch.column(idx)
     if col.null_count == 0:
+        n = len(col)
+        buf = col.buffers()[1]
+        if n <= 16 and buf.size % 8 == 0:  # a small batch: a memoryview beats numpy's call overhead
+            return max(memoryview(buf).cast("B").cast("q")[col.offset:col.offset + n])
         # numpy over the value buffer: a few microseconds, vs ~20 for a compute call.
-        values = np.frombuffer(col.buffers()[1], dtype=np.int64, count=len(col), offset=col.offset * 8)
+        values = np.frombuffer(buf, dtype=np.int64, count=n, offset=col.offset * 8)
         return int(values.max())
     value = pc.max(col.view(pa.int64())).as_py()
     return -1 if value is None else value

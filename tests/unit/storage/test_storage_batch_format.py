@@ -208,3 +208,15 @@ def test_logs_of_one_schema_share_one_encoder_and_it_is_thread_safe():
             decoded = bf.decode_batch(buf, len(bf.schema_message(SCHEMA)), buf.size, SCHEMA,
                                       expected_base_offset=t * 1000 + i)
             assert decoded.batch.equals(make_batch(t * 1000 + i, 3)) and decoded.header == msg.header
+
+
+def test_max_timestamp_small_large_and_sliced_batches():
+    import numpy as np
+
+    for n in (1, 2, 16, 17, 300):
+        values = (np.arange(n, dtype=np.int64) * 7919) % 1009 - 500      # not sorted, some negative
+        batch = pa.record_batch([pa.array(values).view(TS)], names=["timestamp"])
+        for start in (0, 1) if n > 1 else (0,):
+            assert bf.max_timestamp_ms(batch.slice(start)) == int(values[start:].max())
+    with_null = pa.record_batch([pa.array([5, None, 9], pa.int64()).view(TS)], names=["timestamp"])
+    assert bf.max_timestamp_ms(with_null) == 9
