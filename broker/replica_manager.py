@@ -106,26 +106,29 @@ class ReplicaManager:
                                              and s.leader_epoch >= part.leader_epoch])
             follow: dict[TP, tuple[int, int]] = {}
             unfollow: list[TP] = []
-            for s, part in mine:
-                tp = part.tp
-                try:
-                    if s.leader == self.broker_id:
-                        if part.make_leader(s.leader_epoch, s.isr, s.replicas, s.zk_version, s.controller_epoch) \
-                                and logging_on:
-                            lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes LEADER epoch "
-                                         f"{s.leader_epoch} isr {list(s.isr)} (controller epoch {req.controller_epoch})")
-                    elif part.make_follower(s.leader, s.leader_epoch, s.isr, s.replicas, s.zk_version,
-                                            s.controller_epoch):
-                        follow[tp] = (s.leader, s.leader_epoch)
-                        if logging_on:
-                            lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes FOLLOWER of {s.leader} "
-                                         f"epoch {s.leader_epoch} (controller epoch {req.controller_epoch})")
-                    elif s.leader < 0:
-                        unfollow.append(tp)
-                except E.ReplikafkaError as exc:
-                    out.partitions.append(pb.PartitionError(topic=tp[0], partition=tp[1], error=to_pb(exc)))
-            self.fetchers.remove_partitions(unfollow)
-            self.fetchers.add_partitions(follow)
+            try:
+                for s, part in mine:
+                    tp = part.tp
+                    try:
+                        if s.leader == self.broker_id:
+                            if part.make_leader(s.leader_epoch, s.isr, s.replicas, s.zk_version, s.controller_epoch) \
+                                    and logging_on:
+                                lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes LEADER epoch "
+                                             f"{s.leader_epoch} isr {list(s.isr)} "
+                                             f"(controller epoch {req.controller_epoch})")
+                        elif part.make_follower(s.leader, s.leader_epoch, s.isr, s.replicas, s.zk_version,
+                                                s.controller_epoch):
+                            follow[tp] = (s.leader, s.leader_epoch)
+                            if logging_on:
+                                lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes FOLLOWER of {s.leader} "
+                                             f"epoch {s.leader_epoch} (controller epoch {req.controller_epoch})")
+                        elif s.leader < 0:
+                            unfollow.append(tp)
+                    except E.ReplikafkaError as exc:
+                        out.partitions.append(pb.PartitionError(topic=tp[0], partition=tp[1], error=to_pb(exc)))
+            finally:  # the roles taken so far get their fetchers even if one partition failed oddly
+                self.fetchers.remove_partitions(unfollow)
+                self.fetchers.add_partitions(follow)
         state_change_log.log_lines(lines)
         self.notify_data()
         log.info("LeaderAndIsr from controller %d (epoch %d): %d partitions in %.3fs", req.controller_id,
