@@ -273,16 +273,24 @@ class Partition:
             self.cond.notify_all()
             return n
 
-    def truncate_to(self, offset: int) -> None:
+    def truncate_to(self, offset: int, expected_epoch: int | None = None) -> bool:
+        """A follower's truncation (by epoch, or to the HW). With ``expected_epoch``, only
+        while still a follower in that epoch: a fetcher round that began before a
+        LeaderAndIsr made us leader must not cut the leader's log. True if applied."""
         with self.lock:
+            if expected_epoch is not None and (self.role != FOLLOWER or self.leader_epoch != expected_epoch):
+                return False
             if offset < self.log.log_end_offset:
                 self.log.truncate_to(offset)
                 self.producers.truncate_to(offset)
             self._hw = min(self._hw, self.log.log_end_offset)
+            return True
 
-    def reset_to(self, offset: int) -> None:
+    def reset_to(self, offset: int, expected_epoch: int | None = None) -> None:
         """The leader's log starts after our LEO (retention): start over at ``offset``."""
         with self.lock:
+            if expected_epoch is not None and (self.role != FOLLOWER or self.leader_epoch != expected_epoch):
+                return
             self.log.truncate_fully_and_start_at(offset)
             self.producers = ProducerStateManager()
             self._hw = offset

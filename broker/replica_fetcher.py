@@ -170,7 +170,8 @@ class ReplicaFetcher:
                     log.info("follower %d truncating %s-%d from %d to %d %s (asked epoch %d; leader epoch %d "
                              "ends at %d; HW %d)", self.broker_id, tp[0], tp[1], part.log.log_end_offset,
                              decision.offset, how, asks[tp], r.leader_epoch, r.end_offset, part.hw)
-                part.truncate_to(decision.offset)
+                if not part.truncate_to(decision.offset, states[tp].leader_epoch):
+                    continue  # no longer a follower in that epoch: the next LeaderAndIsr decides
                 with self.lock:
                     s = self.states.get(tp)
                     if s is not None and s.leader_epoch == states[tp].leader_epoch:
@@ -203,7 +204,7 @@ class ReplicaFetcher:
             failed += bool(code)
             if code == "OFFSET_OUT_OF_RANGE":
                 if part.log.log_end_offset < r.log_start_offset:
-                    part.reset_to(r.log_start_offset)
+                    part.reset_to(r.log_start_offset, s.leader_epoch)
                 else:
                     with self.lock:
                         if tp in self.states:
