@@ -57,12 +57,14 @@ class ReplicaFetcher:
     """Thread-safe: partitions are added/removed under ``lock`` by the replica manager."""
 
     def __init__(self, broker_id: int, leader_id: int, endpoint: LeaderEndpoint, partitions_lookup,
-                 *, max_wait_ms: int, min_bytes: int, max_bytes: int, backoff_ms: int, request_timeout_s: float):
+                 *, max_wait_ms: int, min_bytes: int, max_bytes: int, backoff_ms: int, request_timeout_s: float,
+                 response_max_bytes: int = 0):
         self.broker_id = broker_id
         self.leader_id = leader_id
         self.endpoint = endpoint
         self.lookup = partitions_lookup          # tp -> Partition | None
         self.max_wait_ms, self.min_bytes, self.max_bytes = max_wait_ms, min_bytes, max_bytes
+        self.response_max_bytes = response_max_bytes or max_bytes   # over all partitions of one fetch
         self.backoff_s = backoff_ms / 1000.0
         self.timeout_s = request_timeout_s
         self.lock = threading.Lock()
@@ -191,7 +193,7 @@ class ReplicaFetcher:
         if not parts:
             return False
         req = pb.FetchRequest(replica_id=self.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
-                              max_bytes=self.max_bytes, partitions=parts)
+                              max_bytes=self.response_max_bytes, partitions=parts)
         resp = self.endpoint.fetch(req, self.timeout_s + self.max_wait_ms / 1000.0)
         failed = 0
         for r in resp.partitions:

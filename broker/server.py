@@ -122,6 +122,7 @@ class BrokerServer:
         fetch_opts = dict(max_wait_ms=cfg.get("replica.fetch.wait.max.ms"),
                           min_bytes=cfg.get("replica.fetch.min.bytes"),
                           max_bytes=cfg.get("replica.fetch.max.bytes"),
+                          response_max_bytes=cfg.get("replica.fetch.response.max.bytes"),
                           backoff_ms=cfg.get("replica.fetch.backoff.ms"),
                           request_timeout_s=cfg.get("request.timeout.ms") / 1000.0)
         self.fetchers = ReplicaFetcherManager(self.broker_id, cfg.get("num.replica.fetchers"),
