@@ -16,6 +16,7 @@ from typing import Protocol
 
 import grpc
 
+from replikafka.broker import replica_fetch_codec
 from replikafka.broker.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
@@ -36,9 +37,13 @@ class GrpcLeaderEndpoint:
         self.channel = grpc.insecure_channel(f"{host}:{port}", options=[
             ("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)])
         self.stub = pbg.ReplikafkaStub(self.channel)
+        self._fetch = self.channel.unary_unary(replica_fetch_codec.PATH,
+                                               request_serializer=pb.FetchRequest.SerializeToString,
+                                               response_deserializer=replica_fetch_codec.decode)
 
     def fetch(self, request, timeout_s):
-        return self.stub.Fetch(request, timeout=timeout_s)
+        """The follower fetch: batches arrive as zero-copy slices of the response."""
+        return self._fetch(request, timeout=timeout_s)
 
     def offsets_for_leader_epoch(self, request, timeout_s):
         return self.stub.OffsetsForLeaderEpoch(request, timeout=timeout_s)

@@ -246,20 +246,26 @@ class ReplicaManager:
         return part, result, min_isr
 
     # ------------------------------------------------------------ fetch
-    def fetch(self, req: pb.FetchRequest, context_active=lambda: True) -> pb.FetchResponse:
+    def fetch(self, req: pb.FetchRequest, context_active=lambda: True, batches_out: list | None = None
+              ) -> pb.FetchResponse:
+        """Fetch, long-polling up to ``max_wait_ms``. With ``batches_out`` (a follower's
+        fetch in the ``replica_fetch_codec`` format), each partition's stored batches
+        are appended there and only their size goes in the response."""
         max_wait_ms = max(0, min(req.max_wait_ms, 30_000))
         deadline = self.clock.time_ms() + max_wait_ms
         min_bytes = max(req.min_bytes, 0)
         columns = list(req.columns) or None
         while True:
-            resp, size, any_error = self._fetch_once(req, columns)
+            if batches_out is not None:
+                batches_out.clear()
+            resp, size, any_error = self._fetch_once(req, columns, batches_out)
             left = deadline - self.clock.time_ms()
             if size >= max(min_bytes, 1) or any_error or left <= 0 or not context_active():
                 return resp
             with self.data_arrived:
                 self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
 
-    def _fetch_once(self, req: pb.FetchRequest, columns):
+    def _fetch_once(self, req: pb.FetchRequest, columns, batches_out: list | None = None):
         out = pb.FetchResponse()
         total = 0
         any_error = False
@@ -283,7 +289,11 @@ class ReplicaManager:
                                                                     fp.current_leader_epoch)
                     if raw is not None and raw.record_count:
                         data = raw.data if isinstance(raw.data, bytes) else bytes(raw.data)
-                        r.records, size = data, len(data)
+                        if batches_out is not None:
+                            batches_out.append(data)
+                            r.records_size = size = len(data)
+                        else:
+                            r.records, size = data, len(data)
                         r.records_base_offset, r.record_count = raw.first_offset, raw.record_count
                 else:
                     res, hw, leo, lso = part.read_committed(fp.fetch_offset, max_bytes, fp.current_leader_epoch,

@@ -14,6 +14,7 @@ import grpc
 from kazoo.exceptions import KazooException
 
 from replikafka import errors as E
+from replikafka.broker import replica_fetch_codec
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
 from replikafka.protocol.rpc_errors import abort, to_pb
@@ -63,6 +64,14 @@ def _admin(resp_cls):
     return decorate
 
 
+def replica_data_handler(servicer: "BrokerServicer"):
+    """The follower fetch service (its response is not protobuf: see replica_fetch_codec)."""
+    return grpc.method_handlers_generic_handler(replica_fetch_codec.SERVICE, {
+        replica_fetch_codec.METHOD: grpc.unary_unary_rpc_method_handler(
+            servicer.ReplicaFetch, request_deserializer=pb.FetchRequest.FromString,
+            response_serializer=replica_fetch_codec.encode)})
+
+
 class BrokerServicer(pbg.ReplikafkaServicer):
     def __init__(self, broker):
         self.broker = broker
@@ -80,6 +89,15 @@ class BrokerServicer(pbg.ReplikafkaServicer):
     @_guard
     def Fetch(self, request, context):
         return self.rm.fetch(request, context.is_active)
+
+    @_guard
+    def ReplicaFetch(self, request, context):
+        """A follower's fetch, answered in the ``replica_fetch_codec`` format."""
+        if request.replica_id < 0:
+            raise E.InvalidRequestError(f"{replica_fetch_codec.PATH} is for followers (replica_id >= 0), "
+                                        f"got replica_id {request.replica_id}")
+        batches: list[bytes] = []
+        return self.rm.fetch(request, context.is_active, batches_out=batches), batches
 
     @_guard
     def ListOffsets(self, request, context):

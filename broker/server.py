@@ -26,7 +26,7 @@ from replikafka.broker.controller.controller import Controller
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
 from replikafka.broker.replica_manager import ReplicaManager
-from replikafka.broker.rpc_server import BrokerServicer
+from replikafka.broker.rpc_server import BrokerServicer, replica_data_handler
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.storage.fileio import atomic_write_bytes
@@ -201,7 +201,9 @@ class BrokerServer:
             options=[("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
                      ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
                      ("grpc.so_reuseport", 0)])
-        pbg.add_ReplikafkaServicer_to_server(BrokerServicer(self), self.grpc_server)
+        servicer = BrokerServicer(self)
+        pbg.add_ReplikafkaServicer_to_server(servicer, self.grpc_server)
+        self.grpc_server.add_generic_rpc_handlers((replica_data_handler(servicer),))
         bind = self.config.get("listeners")[0]
         if self.grpc_server.add_insecure_port(f"{bind.host}:{bind.port}") == 0:
             from replikafka.errors import InvalidConfigError

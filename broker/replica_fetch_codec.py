@@ -1,0 +1,77 @@
+"""The wire format of a follower's fetch response (``/replikafka.ReplicaData/Fetch``).
+
+A follower fetch moves most of the bytes a cluster carries (each record once per
+follower), so its response skips protobuf for the record data::
+
+    uint32 little-endian  n = length of the header
+    n bytes               FetchResponse (protobuf) with every ``records`` empty and
+                          ``records_size`` set
+    records_size bytes    for each partition, in header order: its stored batches,
+                          verbatim (an Arrow IPC stream, as ``Log.read_raw`` returns)
+
+The leader joins header and batches in one copy; the follower slices the batches
+out of the received bytes without copying (``pyarrow.Buffer`` slices). The
+request is a plain ``FetchRequest``. Pure functions, thread-safe.
+"""
+from __future__ import annotations
+
+import struct
+
+import pyarrow as pa
+
+from replikafka.protocol import replikafka_pb2 as pb
+
+SERVICE = "replikafka.ReplicaData"
+METHOD = "Fetch"
+PATH = f"/{SERVICE}/{METHOD}"
+_LEN = struct.Struct("<I")
+
+
+def encode(response_and_batches: tuple[pb.FetchResponse, list[bytes]]) -> bytes:
+    """(header with ``records_size`` per partition, the partitions' batches in order) -> wire bytes."""
+    response, batches = response_and_batches
+    header = response.SerializeToString()
+    return b"".join([_LEN.pack(len(header)), header, *batches])
+
+
+class FollowerFetchPartition:
+    """One partition of a decoded response: the protobuf fields, with ``records``
+    a zero-copy ``pyarrow.Buffer`` slice (or None)."""
+
+    __slots__ = ("_pb", "records")
+
+    def __init__(self, header: pb.FetchPartitionResponse, records):
+        self._pb = header
+        self.records = records
+
+    def __getattr__(self, name):
+        return getattr(self._pb, name)
+
+
+class FollowerFetchResponse:
+    __slots__ = ("partitions",)
+
+    def __init__(self, partitions: list[FollowerFetchPartition]):
+        self.partitions = partitions
+
+
+def decode(data: bytes) -> FollowerFetchResponse:
+    if len(data) < _LEN.size:
+        raise ValueError(f"follower fetch response of {len(data)} bytes has no header length")
+    (n,) = _LEN.unpack_from(data, 0)
+    end = _LEN.size + n
+    if end > len(data):
+        raise ValueError(f"follower fetch response header of {n} bytes overruns the {len(data)} received")
+    header = pb.FetchResponse.FromString(data[_LEN.size:end])
+    body = pa.py_buffer(data)
+    out = []
+    pos = end
+    for p in header.partitions:
+        size = p.records_size
+        if pos + size > len(data):
+            raise ValueError(f"{p.topic}-{p.partition}: {size} bytes of batches overrun the response")
+        out.append(FollowerFetchPartition(p, body.slice(pos, size) if size else None))
+        pos += size
+    if pos != len(data):
+        raise ValueError(f"follower fetch response has {len(data) - pos} bytes after its last partition")
+    return FollowerFetchResponse(out)
