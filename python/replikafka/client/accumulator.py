@@ -113,7 +113,7 @@ class ProducerBatch:
         self.producer_id = -1
         self.producer_epoch = -1
         self.sealed = False     # drained once: takes no more pieces
-        self.payload: bytes | None = None  # the encoded IPC stream, reused on retries
+        self.payload: pa.Buffer | None = None  # the encoded IPC stream, reused on retries
         self.last_error: E.ReplikafkaError | None = None
         self.done = False
 

@@ -86,6 +86,7 @@ class ConnectionPool:
         self._options = list(CHANNEL_OPTIONS) + list(options or [])
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, pb_grpc.ReplikafkaStub]] = {}
+        self._raw: dict[tuple[str, str], Any] = {}
         self._closed = False
 
     def stub(self, target: str) -> pb_grpc.ReplikafkaStub:
@@ -107,6 +108,19 @@ class ConnectionPool:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, target) from None
 
+    def call_bytes(self, target: str, path: str, request: bytes, response_parser, timeout_s: float):
+        """Blocking unary call of ``path`` with an already serialized request."""
+        self.stub(target)  # the channel, created if needed
+        with self._lock:
+            fn = self._raw.get((target, path))
+            if fn is None:
+                fn = self._channels[target][0].unary_unary(path, response_deserializer=response_parser)
+                self._raw[(target, path)] = fn
+        try:
+            return fn(request, timeout=max(timeout_s, 0.001))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, target) from None
+
     def call_async(self, target: str, method: str, request, timeout_s: float) -> grpc.Future:
         """Starts a unary call and returns its grpc future; read it with :func:`result_of`."""
         fn = getattr(self.stub(target), method)
@@ -116,6 +130,7 @@ class ConnectionPool:
         with self._lock:
             self._closed = True
             channels, self._channels = list(self._channels.values()), {}
+            self._raw.clear()
         for channel, _ in channels:
             channel.close()
 

@@ -27,6 +27,7 @@ from replikafka.client.metadata import METADATA_ATTEMPT_S, ClusterMetadata, Topi
 from replikafka.client.partitioner import partition_for_key
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import from_pb
+from replikafka.protocol.produce_wire import PRODUCE_PATH, encode_produce_request
 from replikafka.records import encode_stream, to_record_batch
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
@@ -426,19 +427,21 @@ class Producer:
     def _produce(self, target: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
         """I/O thread: encode each batch once (one IPC stream per partition;
         kept for retries) and make the blocking Produce call."""
-        parts = []
+        entries = []
         for b in batches:
             if b.payload is None:
                 rb = b.record_batch()
-                b.payload = encode_stream(rb.schema, [rb]).to_pybytes()
-            parts.append(pb.PartitionProduceData(
-                topic=b.tp[0], partition=b.tp[1], records=b.payload,
+                b.payload = encode_stream(rb.schema, [rb])
+            entries.append((pb.PartitionProduceData(
+                topic=b.tp[0], partition=b.tp[1],
                 producer_id=b.producer_id if self._idempotent else -1,
                 producer_epoch=b.producer_epoch if self._idempotent else -1,
-                base_sequence=b.sequence if self._idempotent else -1))
-        request = pb.ProduceRequest(acks=self._acks, timeout_ms=self._request_timeout_ms, partitions=parts)
+                base_sequence=b.sequence if self._idempotent else -1), b.payload))
+        # The payloads go into the request bytes once (protobuf's own path copies them twice).
+        request = encode_produce_request(self._acks, self._request_timeout_ms, entries)
         try:
-            return self._pool.call(target, "Produce", request, self._request_timeout_ms / 1000 + 2.0)
+            return self._pool.call_bytes(target, PRODUCE_PATH, request, pb.ProduceResponse.FromString,
+                                         self._request_timeout_ms / 1000 + 2.0)
         except E.ReplikafkaError:
             raise
         except Exception as exc:  # e.g. encoding: the batches must fail, not hang
