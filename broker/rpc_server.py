@@ -46,13 +46,13 @@ def _guard(method):
 
 
 def _admin(resp_cls):
-    """Admin RPCs answer with an Error field rather than a failed call."""
+    """Admin RPCs answer with an Error field rather than a failed call (the method
+    may return its own response; None means an empty one)."""
     def decorate(method):
         @functools.wraps(method)
         def wrapper(self, request, context):
             try:
-                method(self, request, context)
-                return resp_cls()
+                return method(self, request, context) or resp_cls()
             except E.ReplikafkaError as exc:
                 return resp_cls(error=to_pb(exc))
             except KazooException as exc:
@@ -142,17 +142,11 @@ class BrokerServicer(pbg.ReplikafkaServicer):
         self.rm.notify_data()
         return pb.UpdateMetadataResponse()
 
+    @_admin(pb.ControlledShutdownResponse)
     def ControlledShutdown(self, request, context):
         """Errors come back in the response (the shutting broker retries or gives up)."""
         timeout_s = self.broker.config.get("request.timeout.ms") / 1000.0
-        try:
-            remaining = self.broker.controller.controlled_shutdown(request.broker_id, request.broker_epoch,
-                                                                   timeout_s)
-        except E.ReplikafkaError as exc:
-            return pb.ControlledShutdownResponse(error=to_pb(exc))
-        except Exception as exc:
-            log.exception("ControlledShutdown failed")
-            return pb.ControlledShutdownResponse(error=to_pb(E.ReplikafkaError(f"{type(exc).__name__}: {exc}")))
+        remaining = self.broker.controller.controlled_shutdown(request.broker_id, request.broker_epoch, timeout_s)
         return pb.ControlledShutdownResponse(
             remaining=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in remaining])
 

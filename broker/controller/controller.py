@@ -291,20 +291,12 @@ class Controller:
         for _ in range(rounds):
             if not new:
                 break
-            updates = {tp: (s, ctx.states[tp][1]) for tp, s in new.items()}
-            ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates)
-            for tp, version in ok.items():
-                ctx.states[tp] = (new[tp], version)
-                done.append(tp)
-            if state_change_log.enabled():  # one record for the batch (a line per partition)
-                state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} -> "
-                                            f"{new[tp]}" for tp in ok])
-            if not failed:
+            ok, fresh = self._guarded_round(new, "")
+            done += ok
+            if not fresh:
                 break
-            # A leader changed its ISR meanwhile: re-read and decide again.
-            fresh = self.store.get_partition_states(failed)
-            ctx.states.update(fresh)
-            cur = {tp: fresh[tp][0] for tp in failed if tp in fresh}
+            # A leader changed its ISR meanwhile: decide again on what it wrote.
+            cur = {tp: s for tp, (s, _v) in fresh.items()}
             decisions = D.on_brokers_changed({t: {p: ctx.topics[t].assignment[p] for (tt, p) in cur if tt == t}
                                               for t in {tp[0] for tp in cur}},
                                              cur, set(ctx.live), ctx.epoch, self._unclean_for,
@@ -369,22 +361,30 @@ class Controller:
             self._advance_reassignments(waiting)
 
     # ------------------------------------------------------------ admin operations: shared plumbing
-    def _write_decided(self, new: dict[TP, LeaderAndIsr], why: str) -> list[TP]:
-        """Guarded writes of states decided for an admin operation. A partition whose
-        znode moved meanwhile (its leader changed the ISR) is re-read and left for the
-        operation's next event rather than re-decided here."""
+    def _guarded_round(self, new: dict[TP, LeaderAndIsr], why: str
+                       ) -> tuple[list[TP], dict[TP, tuple[LeaderAndIsr, int]]]:
+        """One round of guarded, batched state writes: the written partitions, and the
+        fresh states of those whose znode had moved (re-read into the context)."""
         if not new:
-            return []
+            return [], {}
         ctx = self.ctx
         updates = {tp: (s, ctx.states[tp][1]) for tp, s in new.items()}
         ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates)
         for tp, version in ok.items():
             ctx.states[tp] = (new[tp], version)
-            state_log.info("controller %d epoch %d: %s-%d -> %s (%s)", self.broker_id, ctx.epoch, tp[0], tp[1],
-                           new[tp], why)
-        if failed:
-            ctx.states.update(self.store.get_partition_states(failed))
-        return list(ok)
+        if state_change_log.enabled():  # one record for the batch (a line per partition)
+            suffix = f" ({why})" if why else ""
+            state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} -> "
+                                        f"{new[tp]}{suffix}" for tp in ok])
+        fresh = self.store.get_partition_states(failed) if failed else {}
+        ctx.states.update(fresh)
+        return list(ok), fresh
+
+    def _write_decided(self, new: dict[TP, LeaderAndIsr], why: str) -> list[TP]:
+        """Guarded writes of states decided for an admin operation. A partition whose
+        znode moved meanwhile (its leader changed the ISR) is re-read and left for the
+        operation's next event rather than re-decided here."""
+        return self._guarded_round(new, why)[0]
 
     def _announce(self, tps: list[TP], skip=()) -> None:
         """New states to everyone: metadata to every live broker, roles to the replicas."""
