@@ -298,12 +298,47 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# A Kafka-shaped topic's columns a producer may leave out (filled with nulls), as
+# a Kafka ProducerRecord may have no key and no headers.
+KAFKA_OPTIONAL_COLUMNS = ("key", "headers")
+
+
+def _is_pandas_frame(data: Any) -> bool:
+    # by name: importing pandas costs seconds and most callers never use it
+    t = type(data)
+    return t.__name__ == "DataFrame" and t.__module__.split(".")[0] == "pandas"
+
+
+def _with_optional_kafka_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with the Kafka-shaped columns it leaves out (key, headers)
+    added as nulls, in the topic's column order; other batches unchanged."""
+    names = batch.schema.names
+    missing = [n for n in KAFKA_OPTIONAL_COLUMNS if n not in names]
+    if not missing or "value" not in names:
+        return batch
+    arrays, fields = [], []
+    for f in KAFKA_SCHEMA:
+        if f.name in names:
+            arrays.append(batch.column(f.name))
+            fields.append(batch.schema.field(f.name))
+        else:
+            arrays.append(pa.nulls(batch.num_rows, f.type))
+            fields.append(f)
+    rest = [n for n in names if n not in KAFKA_SCHEMA.names]  # timestamp, or a stray column conform_batch names
+    for n in rest:
+        arrays.append(batch.column(n))
+        fields.append(batch.schema.field(n))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+
+
 def to_record_batch(data: Any, topic_schema: pa.Schema, *, key: bytes | None = None,
                     timestamp_ms: int | None = None, topic: str = "") -> pa.RecordBatch:
     """Turn what a user hands the producer into one batch of the stored schema.
 
-    ``data``: a RecordBatch or Table with the topic's columns (``timestamp``
-    optional), a list of dicts, or a bytes/str value (Kafka-shaped topics).
+    ``data``: a RecordBatch, Table or pandas DataFrame with the topic's
+    columns (``timestamp`` optional; ``key`` and ``headers`` optional for a
+    Kafka-shaped topic), a list of dicts, or a bytes/str value (Kafka-shaped
+    topics).
     """
     target = stored_schema(topic_schema)
     if isinstance(data, (bytes, bytearray, memoryview, str)):
@@ -326,13 +361,21 @@ def to_record_batch(data: Any, topic_schema: pa.Schema, *, key: bytes | None = N
         if extra:
             raise InvalidSchemaError(f"topic {topic!r}: column {sorted(extra)[0]!r} is not in the topic's schema")
         data = pa.table(cols)
+    if _is_pandas_frame(data):
+        try:
+            data = pa.Table.from_pandas(data, preserve_index=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InvalidSchemaError(f"topic {topic!r}: cannot convert the DataFrame: {exc}") from None
     if isinstance(data, pa.Table):
         data = data.combine_chunks()
         batches = data.to_batches()
         data = batches[0] if len(batches) == 1 else pa.RecordBatch.from_arrays(
             [c.combine_chunks() for c in data.columns], names=data.column_names)
     if not isinstance(data, pa.RecordBatch):
-        raise InvalidSchemaError(f"cannot send {type(data).__name__}: use a RecordBatch, Table, list of dicts or bytes")
+        raise InvalidSchemaError(f"cannot send {type(data).__name__}: use a RecordBatch, Table, "
+                                 "pandas DataFrame, list of dicts or bytes")
+    if is_kafka_shaped(topic_schema):
+        data = _with_optional_kafka_columns(data)
     if "timestamp" not in data.schema.names:
         ts = timestamp_ms if timestamp_ms is not None else now_ms()
         data = data.append_column(TIMESTAMP_FIELD, constant_timestamps(ts, data.num_rows))

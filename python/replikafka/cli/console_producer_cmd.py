@@ -178,7 +178,12 @@ class LineWriter:
                     self._fail(E.InvalidSchemaError, f"line {first + i} is not a JSON object", n)
                     return
                 data.append(row)
-        self.pending.append((self.producer.send(self.topic, data, partition=partition), n))
+        try:
+            self.pending.append((self.producer.send(self.topic, data, partition=partition), n))
+        except E.ReplikafkaError as exc:  # refused at send time (schema, types, columns)
+            self.failed += n
+            if self.error is None:
+                self.error = exc
 
     def _fail(self, cls, message: str, count: int) -> None:
         self.failed += count

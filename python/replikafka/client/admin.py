@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 
 from replikafka import errors as E
+from replikafka.client.client_config import ADMIN_KEYS, accepts_config_dict
 from replikafka.client.connection import ConnectionPool, annotated, error_of, parse_bootstrap
 from replikafka.client.metadata import BrokerInfo, ClusterMetadata
 from replikafka.client.offsets import LATEST, group_by_leader
@@ -94,6 +95,7 @@ class Admin:
     broker's metadata shows the change, so a client created right after sees it.
     """
 
+    @accepts_config_dict("Admin", ADMIN_KEYS)
     def __init__(self, bootstrap_servers: str | Iterable[str], *, request_timeout_ms: int = 30_000,
                  retry_backoff_ms: int = 100):
         self._bootstrap = parse_bootstrap(bootstrap_servers)

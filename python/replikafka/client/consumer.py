@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from replikafka import errors as E
+from replikafka.client.client_config import CONSUMER_KEYS, accepts_config_dict
 from replikafka.client.connection import ConnectionPool, annotated, parse_bootstrap
 from replikafka.client.metadata import ClusterMetadata
 from replikafka.client.offsets import EARLIEST, LATEST, TopicPartition, ensure_partitions, group_by_leader, list_offsets
@@ -98,6 +99,7 @@ class Consumer:
     starts: ``"earliest"``, ``"latest"`` or ``"none"`` (raise).
     """
 
+    @accepts_config_dict("Consumer", CONSUMER_KEYS)
     def __init__(self, bootstrap_servers: str | Iterable[str], columns: Iterable[str] | None = None,
                  fetch_max_bytes: int = 52_428_800, max_partition_fetch_bytes: int = 4 * 1024 * 1024,
                  fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1, auto_offset_reset: str = "earliest",

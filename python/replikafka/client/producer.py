@@ -11,10 +11,12 @@ sender thread, so keep callbacks short and never block in them.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any, Iterable
 
 import pyarrow as pa
@@ -22,7 +24,9 @@ import pyarrow as pa
 from replikafka import errors as E
 from replikafka.client.accumulator import (Accumulator, Action, ProducerBatch, RecordMetadata, SendHandle,
                                            TopicPartition, ipc_size)
+from replikafka.client.client_config import PRODUCER_KEYS, accepts_config_dict
 from replikafka.client.connection import ConnectionPool, error_of, parse_bootstrap
+from replikafka.client.delivery_outcomes import DeliveryOutcomes
 from replikafka.client.metadata import METADATA_ATTEMPT_S, ClusterMetadata, TopicInfo
 from replikafka.client.partitioner import partition_for_key
 from replikafka.protocol import replikafka_pb2 as pb
@@ -39,6 +43,8 @@ _DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE_NUMBER"
 _REFRESH_ON = (E.NotLeaderOrFollowerError, E.LeaderNotAvailableError, E.FencedLeaderEpochError,
                E.UnknownLeaderEpochError, E.UnknownTopicOrPartitionError, E.BrokerNotAvailableError,
                E.RequestTimedOutError, E.StorageError)
+
+log = logging.getLogger("replikafka.producer")
 
 __all__ = ["Producer", "RecordMetadata", "split_batch", "parse_acks"]
 
@@ -108,6 +114,7 @@ class Producer:
     topic's ``max.message.bytes``, else 1 MiB); bigger sends are split.
     """
 
+    @accepts_config_dict("Producer", PRODUCER_KEYS)
     def __init__(self, bootstrap_servers: str | Iterable[str], acks: Any = "all", idempotent: bool = True,
                  linger_ms: float = 5, batch_size: int = 1024 * 1024, delivery_timeout_ms: int = 120_000,
                  request_timeout_ms: int = 30_000, max_in_flight: int = 5, retry_backoff_ms: int = 100,
@@ -145,6 +152,7 @@ class Producer:
         self._refresh_wanted = False
         # Blocking RPCs run here (gRPC's own futures start a polling thread per idle call).
         self._io = ThreadPoolExecutor(max_workers=max(4, 4 * max_in_flight), thread_name_prefix="replikafka-producer-io")
+        self._outcomes = DeliveryOutcomes()
         self._sender = threading.Thread(target=self._run, name="replikafka-producer-sender", daemon=True)
         self._sender.start()
 
@@ -158,29 +166,30 @@ class Producer:
         Kafka-shaped topic. The partition is ``partition`` if given, else the
         hash of ``key`` (Kafka's murmur2), else a sticky round-robin choice; a
         ``key`` also becomes the record key when ``data`` is a bytes value.
-        Errors about the data or the topic become the future's exception; a
-        closed producer or no buffer room within ``max_block_ms`` raise here.
+        Anything knowable at send time raises here: a closed producer, an
+        unknown topic or partition (after ``max_block_ms``), data that does
+        not fit the topic's schema (the column is named), a record over the
+        size limit, no buffer room within ``max_block_ms``. Delivery errors
+        become the future's exception; one nobody looked at (``result()`` /
+        ``exception()``) is raised by the next :meth:`flush` or :meth:`close`.
         """
-        future: Future = Future()
-        future.set_running_or_notify_cancel()
         self._check_open()
+        # Everything knowable now raises here, as Kafka's send() does (unknown
+        # topic after max_block_ms, schema, types, columns, partition, size).
+        info = self._metadata.topic(topic) or self._metadata.require_topic(
+            topic, timeout_ms=int(self._max_block_s * 1000))
+        if isinstance(key, str):
+            key = key.encode()
         try:
-            info = self._metadata.topic(topic) or self._metadata.require_topic(
-                topic, timeout_ms=int(self._max_block_s * 1000))
-            if isinstance(key, str):
-                key = key.encode()
-            try:
-                batch = to_record_batch(data, info.schema, key=key, timestamp_ms=timestamp_ms, topic=topic)
-            except (pa.ArrowException, TypeError, ValueError) as exc:
-                raise E.InvalidSchemaError(f"topic {topic!r}: cannot convert the data: {exc}") from None
-            if partition is not None:
-                info = self._check_partition(info, partition)
-            elif not info.partitions:
-                raise E.LeaderNotAvailableError(f"topic {topic!r} has no partitions yet")
-            limit = self._append_limit(info)
-        except E.ReplikafkaError as exc:
-            future.set_exception(exc)
-            return future
+            batch = to_record_batch(data, info.schema, key=key, timestamp_ms=timestamp_ms, topic=topic)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise E.InvalidSchemaError(f"topic {topic!r}: cannot convert the data: {exc}") from None
+        if partition is not None:
+            info = self._check_partition(info, partition)
+        elif not info.partitions:
+            raise E.LeaderNotAvailableError(f"topic {topic!r} has no partitions yet")
+        limit = self._append_limit(info)
+        future = self._outcomes.new_future()
         if batch.num_rows == 0:
             future.set_result(RecordMetadata(topic, partition if partition is not None else -1, -1, 0))
             return future
@@ -194,12 +203,16 @@ class Producer:
             try:
                 pieces = split_batch(batch, cap, limit, first_target=room if room >= cap // 8 else None)
             except E.ReplikafkaError as exc:
-                future.set_exception(exc)
-                return future
+                self._outcomes.discard(future)
+                raise exc from None
             handle = SendHandle(future, topic, partition, len(pieces), batch.num_rows)
             tp = (topic, partition)
             for i, piece in enumerate(pieces):
-                self._wait_for_room(ipc_size(piece), deadline, handle)
+                try:
+                    self._wait_for_room(ipc_size(piece), deadline, handle)
+                except E.ReplikafkaError:
+                    self._outcomes.discard(future)  # raised to the caller: not also a delivery failure
+                    raise
                 b = self._acc.append(tp, piece, handle, i, cap, time.monotonic())
                 if key is None and self._sticky.get(topic, (None,))[0] == partition:
                     self._sticky[topic] = (partition, b)
@@ -210,8 +223,10 @@ class Producer:
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued now (ignoring linger) and wait until every
         record sent before this call is acknowledged or has failed. Raises
-        :class:`KafkaTimeoutError` after ``timeout`` seconds."""
+        :class:`KafkaTimeoutError` after ``timeout`` seconds, and the error of
+        any failed send whose future nobody looked at (never a silent drop)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        sent = self._outcomes.outstanding()
         with self._cv:
             pending = list(self._acc.incomplete)
             self._flushing += 1
@@ -225,10 +240,16 @@ class Producer:
                         self._cv.wait(remaining)
             finally:
                 self._flushing -= 1
+        # The futures complete just after their batches (outside the lock).
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
+        if wait_futures(sent, timeout=remaining).not_done:
+            raise E.KafkaTimeoutError(f"flush did not finish within {timeout} s")
+        self._outcomes.raise_unobserved("flush")
 
     def close(self, timeout: float | None = None) -> None:
         """Deliver what is queued (waiting at most ``timeout`` seconds), then
-        stop the sender; records still undelivered then fail. Idempotent."""
+        stop the sender; records still undelivered then fail. Raises the error
+        of any failed send whose future nobody looked at. Idempotent."""
         with self._cv:
             self._closing = True
             self._cv.notify_all()
@@ -240,6 +261,7 @@ class Producer:
             self._sender.join()
         self._io.shutdown(wait=False)
         self._pool.close()
+        self._outcomes.raise_unobserved("close")
 
     def partitions_for(self, topic: str) -> list[int]:
         """The topic's partition ids (refreshing metadata if it is not cached)."""
@@ -252,8 +274,14 @@ class Producer:
     def __enter__(self) -> "Producer":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # an exception is already on its way out: report failed sends, do not replace it
+            self.close()
+        except E.ReplikafkaError as failed:
+            log.error("producer closed while %s was raised; %s", exc_type.__name__, failed)
 
     # ------------------------------------------------------------ send helpers
     def _check_open(self) -> None:

@@ -1,6 +1,6 @@
 """The producer against the in-process fake broker: routing, batching into
 one append per partition, per-send offsets, retries with the same sequence,
-errors as future exceptions."""
+errors raised by send() or as future exceptions, never dropped silently."""
 import time
 
 import pyarrow as pa
@@ -101,18 +101,82 @@ def test_acks_zero_reports_no_offset(fake):
         assert p.send("t", b"a", partition=0).result(10).base_offset == -1
 
 
-def test_errors_become_future_exceptions(fake):
+def test_errors_knowable_at_send_time_raise_from_send(fake):
     fake.add_topic("s", 1, pa.schema([("id", pa.int64())]))
     with replikafka.Producer(fake.bootstrap) as p:
-        assert isinstance(p.send("nope", b"x").exception(10), E.UnknownTopicOrPartitionError)
-        exc = p.send("s", [{"id": "zz"}]).exception(10)
-        assert isinstance(exc, E.InvalidSchemaError) and "'id'" in str(exc)
-        assert isinstance(p.send("s", b"bytes").exception(10), E.InvalidSchemaError)
-        assert isinstance(p.send("s", [{"id": 1}], partition=5).exception(10), E.UnknownTopicOrPartitionError)
+        with pytest.raises(E.UnknownTopicOrPartitionError):
+            p.send("nope", b"x")
+        with pytest.raises(E.InvalidSchemaError, match="'id'"):
+            p.send("s", [{"id": "zz"}])
+        with pytest.raises(E.InvalidSchemaError):
+            p.send("s", b"bytes")
+        with pytest.raises(E.InvalidSchemaError, match="'extra' is not in the topic's schema"):
+            p.send("s", pa.record_batch([pa.array([1]), pa.array([2])], names=["id", "extra"]))
+        with pytest.raises(E.InvalidSchemaError, match="'id' is missing"):
+            p.send("s", pa.record_batch([pa.array([1])], names=["other"]))
+        with pytest.raises(E.UnknownTopicOrPartitionError):
+            p.send("s", [{"id": 1}], partition=5)
+        # a broker's refusal is a delivery error: the future's exception
         fake.faults.append(("Produce", "s", 0, "INVALID_RECORD"))
         assert isinstance(p.send("s", [{"id": 1}]).exception(10), E.InvalidSchemaError)
         # the producer goes on (with a fresh producer id after the sequence gap)
         assert p.send("s", [{"id": 2}]).result(10).base_offset == 0
+
+
+def test_kafka_shaped_topic_takes_key_value_alone_or_value_alone(fake):
+    fake.add_topic("t", 1)
+    with replikafka.Producer(fake.bootstrap) as p:
+        kv = pa.record_batch([pa.array([b"k1", b"k2"]), pa.array([b"v1", b"v2"])], names=["key", "value"])
+        assert p.send("t", kv, partition=0).result(10).record_count == 2
+        p.send("t", pa.table({"value": pa.array([b"v3"])}), partition=0).result(10)
+    rows = fake.rows("t", 0)
+    assert rows.column("key").to_pylist() == [b"k1", b"k2", None]
+    assert rows.column("value").to_pylist() == [b"v1", b"v2", b"v3"]
+    assert rows.column("headers").to_pylist() == [None, None, None]
+
+
+def test_pandas_dataframe_is_accepted(fake):
+    import pandas as pd
+    fake.add_topic("s", 1, pa.schema([("id", pa.int64()), ("name", pa.string())]))
+    with replikafka.Producer(fake.bootstrap) as p:
+        p.send("s", pd.DataFrame({"id": [1, 2], "name": ["a", "b"]}), partition=0).result(10)
+    assert fake.rows("s", 0).column("name").to_pylist() == ["a", "b"]
+
+
+def test_failed_sends_nobody_read_are_raised_by_flush_and_close(fake, caplog):
+    fake.add_topic("t", 1)
+    fake.faults += [("Produce", "t", 0, "INVALID_RECORD")]
+    p = replikafka.Producer(fake.bootstrap)
+    p.send("t", b"lost", partition=0)  # the future is dropped on the floor
+    with pytest.raises(E.InvalidSchemaError, match="1 send"):
+        p.flush(timeout=10)
+    p.flush(timeout=10)  # reported once
+    fake.faults += [("Produce", "t", 0, "INVALID_RECORD")]
+    read = p.send("t", b"seen", partition=0)
+    assert isinstance(read.exception(10), E.InvalidSchemaError)
+    p.flush(timeout=10)  # its error was read: not raised again
+    fake.faults += [("Produce", "t", 0, "INVALID_RECORD")]
+    p.send("t", b"lost again", partition=0)
+    with pytest.raises(E.InvalidSchemaError, match="1 send"):
+        p.close()
+    assert "send(s) failed" in caplog.text
+
+
+def test_a_kafka_style_config_dict_configures_each_client(fake, caplog):
+    fake.add_topic("t", 1)
+    conf = {"bootstrap.servers": fake.bootstrap, "acks": "1", "linger.ms": 0, "enable.idempotence": "false",
+            "client.id": "mine", "compression.type": "none"}
+    with replikafka.Producer(conf) as p:
+        assert p.send("t", b"a", partition=0).result(10).base_offset == 0
+    assert fake.produce_requests[0].acks == 1 and fake.produce_requests[0].partitions[0].producer_id == -1
+    assert "ignoring Kafka client config keys that do not apply here: client.id, compression.type" in caplog.text
+    c = replikafka.Consumer({"bootstrap.servers": fake.bootstrap, "auto.offset.reset": "earliest"})
+    c.close()
+    assert replikafka.Admin({"bootstrap.servers": fake.bootstrap}).list_topics() is not None
+    with pytest.raises(E.InvalidConfigError, match="did you mean linger.ms"):
+        replikafka.Producer({"bootstrap.servers": fake.bootstrap, "linger.mss": 5})
+    with pytest.raises(E.InvalidConfigError, match="bootstrap.servers"):
+        replikafka.Producer({"acks": "all"})
 
 
 def test_retriable_errors_give_up_at_the_delivery_timeout(fake):
