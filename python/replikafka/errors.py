@@ -179,6 +179,36 @@ class InvalidOffsetError(ReplikafkaError):
     code = "INVALID_OFFSET"
 
 
+class AuthorizationError(ReplikafkaError):
+    """The principal is not allowed to do this (an ACL refused it); nothing was changed."""
+    code = "AUTHORIZATION_FAILED"
+
+
+class TopicAuthorizationFailedError(AuthorizationError):
+    """The principal may not do this operation on the topic."""
+    code = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class ClusterAuthorizationFailedError(AuthorizationError):
+    """The principal may not do this operation on the cluster (ClusterAction is for brokers)."""
+    code = "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class AuthenticationError(ReplikafkaError):
+    """The connection or the request could not be authenticated."""
+    code = "AUTHENTICATION_FAILED"
+
+
+class SaslAuthenticationFailedError(AuthenticationError):
+    """The username or password is wrong, or the mechanism is not enabled on this listener."""
+    code = "SASL_AUTHENTICATION_FAILED"
+
+
+class SslAuthenticationError(AuthenticationError):
+    """The TLS handshake failed (certificate not trusted, expired, or TLS spoken to a plaintext port)."""
+    code = "SSL_AUTHENTICATION_FAILED"
+
+
 class KafkaTimeoutError(ReplikafkaError):
     """The client gave up after retrying within its deadline."""
     code = "TIMEOUT"

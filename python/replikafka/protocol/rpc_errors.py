@@ -25,6 +25,12 @@ _STATUS_FOR_CODE = {
     E.StaleControllerEpochError.code: grpc.StatusCode.FAILED_PRECONDITION,
     E.NotControllerError.code: grpc.StatusCode.FAILED_PRECONDITION,
     E.TopicDeletionDisabledError.code: grpc.StatusCode.FAILED_PRECONDITION,
+    E.AuthorizationError.code: grpc.StatusCode.PERMISSION_DENIED,
+    E.TopicAuthorizationFailedError.code: grpc.StatusCode.PERMISSION_DENIED,
+    E.ClusterAuthorizationFailedError.code: grpc.StatusCode.PERMISSION_DENIED,
+    E.AuthenticationError.code: grpc.StatusCode.UNAUTHENTICATED,
+    E.SaslAuthenticationFailedError.code: grpc.StatusCode.UNAUTHENTICATED,
+    E.SslAuthenticationError.code: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 OK = pb.Error()

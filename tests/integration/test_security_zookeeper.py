@@ -1,0 +1,91 @@
+"""Security state in a real ZooKeeper (the embedded `replikafka zookeeper`):
+digest-authenticated writers, znode ACLs that refuse anonymous writes, the ACL
+and SCRAM stores, and the broker caches kept current by watches."""
+import time
+
+import pytest
+from kazoo.exceptions import NoAuthError
+
+from replikafka.security import acl as A
+from replikafka.security import scram
+from replikafka.security import zk_security as Z
+
+pytestmark = pytest.mark.integration
+
+
+def _wait(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_anonymous_clients_cannot_change_broker_znodes(kazoo_factory):
+    broker = kazoo_factory(**Z.kazoo_security("kafka", "broker-secret", set_acl=True))
+    Z.secure_existing(broker, "kafka", "broker-secret", ("/",))   # the chroot itself (brokers do this at start)
+    for path in ("/brokers/ids", "/brokers/topics/t", "/controller_epoch", "/admin/delete_topics"):
+        broker.ensure_path(path)
+    broker.create("/controller", b'{"brokerid":1}', ephemeral=True)
+    store = Z.AclStore(broker)
+    store.ensure_paths()
+    store.change(A.ResourcePattern("Topic", "t"), add=frozenset({A.AclEntry("User:a", "*", "Read", "Allow")}))
+    Z.CredentialStore(broker, Z.sensitive_acl("kafka", "broker-secret")).alter(
+        "alice", {"SCRAM-SHA-256": scram.make_credential("SCRAM-SHA-256", "pw")})
+
+    anonymous = kazoo_factory()
+    wrong = kazoo_factory(auth_data=[("digest", "kafka:guess")])
+    for client in (anonymous, wrong):
+        # world-readable where Kafka's are
+        assert client.get("/brokers/topics/t")[0] == b""
+        assert A.acls_from_json(client.get("/kafka-acl/Topic/t")[0])
+        for path in ("/brokers/topics/t", "/controller", "/controller_epoch", "/kafka-acl/Topic/t"):
+            with pytest.raises(NoAuthError):
+                client.set(path, b"forged")
+        for path in ("/brokers/ids/9", "/admin/delete_topics/t", "/kafka-acl/Topic/x", "/kafka-acl-changes/c"):
+            with pytest.raises(NoAuthError):
+                client.create(path, b"forged")
+        with pytest.raises(NoAuthError):
+            client.delete("/controller")
+        with pytest.raises(NoAuthError):   # SCRAM credentials are not even readable
+            client.get("/config/users/alice")
+    assert broker.get("/controller")[0] == b'{"brokerid":1}'
+    assert Z.CredentialStore(broker).get("alice")["SCRAM-SHA-256"]
+
+
+def test_secure_existing_roots_of_an_open_cluster(kazoo_factory):
+    open_client = kazoo_factory()
+    open_client.ensure_path("/brokers/topics")
+    broker = kazoo_factory(**Z.kazoo_security("kafka", "s", set_acl=True))
+    Z.secure_existing(broker, "kafka", "s", ("/brokers/topics",))
+    with pytest.raises(NoAuthError):
+        open_client.create("/brokers/topics/forged", b"")
+
+
+def test_acl_cache_sees_add_and_remove_within_a_second(kazoo_factory):
+    writer, reader = kazoo_factory(), kazoo_factory()
+    cache = Z.AclCache(reader)
+    cache.start()
+    t = A.ResourcePattern("Topic", "orders-", "prefixed")
+    entry = A.AclEntry("User:alice", "*", "Write", "Allow")
+    cfg = A.AuthorizerConfig()
+    Z.AclStore(writer).change(t, add=frozenset({entry}))
+    assert _wait(lambda: A.authorize(cache.snapshot, cfg, "User:alice", "h", "Write", "Topic", "orders-1"), 1.0)
+    Z.AclStore(writer).change(t, remove=frozenset({entry}))
+    assert _wait(lambda: not A.authorize(cache.snapshot, cfg, "User:alice", "h", "Write", "Topic", "orders-1"), 1.0)
+    assert not writer.exists(Z.pattern_path(t))
+
+
+def test_credential_cache_follows_password_changes(kazoo_factory):
+    writer, reader = kazoo_factory(), kazoo_factory()
+    store, cache = Z.CredentialStore(writer), Z.CredentialCache(reader)
+    assert not cache.verify("PLAIN", "bob", "one")
+    store.alter("bob", {"SCRAM-SHA-512": scram.make_credential("SCRAM-SHA-512", "one")})
+    assert _wait(lambda: cache.verify("PLAIN", "bob", "one"))
+    assert cache.verify("SCRAM-SHA-512", "bob", "one") and not cache.verify("SCRAM-SHA-256", "bob", "one")
+    store.alter("bob", {"SCRAM-SHA-512": scram.make_credential("SCRAM-SHA-512", "two")})
+    assert _wait(lambda: not cache.verify("PLAIN", "bob", "one"))
+    assert cache.verify("PLAIN", "bob", "two")
+    raw = writer.get("/config/users/bob")[0]
+    assert b"two" not in raw and b"stored_key" in raw
