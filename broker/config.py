@@ -241,6 +241,21 @@ class Listeners(Validator):
         return f"comma-separated PLAINTEXT://{what}"
 
 
+class Mechanisms(Validator):
+    """SASL mechanisms: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."""
+    KNOWN = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+    def __call__(self, value: tuple) -> tuple:
+        out = tuple(v.strip().upper() for v in value if v.strip())
+        for v in out:
+            if v not in self.KNOWN:
+                raise ValueError(f"{v!r} is not one of {', '.join(self.KNOWN)}")
+        return out
+
+    def describe(self) -> str:
+        return "comma-separated " + " | ".join(self.KNOWN)
+
+
 class ZkConnect(Validator):
     """``host:port[,host:port...][/chroot]``, as ZooKeeper clients take it."""
 
@@ -445,6 +460,36 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "Requests queued before the broker stops reading new ones.", Range(1, INT_MAX)),
     _k("producer.id.expiration.ms", INT, 86400000, "ms",
        "Forget an idempotent producer's state after it has been idle this long.", Range(1, INT_MAX)),
+    # security (README "Securing a cluster")
+    _k("security.inter.broker.protocol", STRING, "PLAINTEXT", "enum",
+       "Listener protocol brokers and the controller use to reach each other (SSL: brokers present their certificates).",
+       OneOf("PLAINTEXT", "SSL")),
+    _k("ssl.ca.location", STRING, "", "path", "PEM file of the CA(s) that signed client and broker certificates."),
+    _k("ssl.certificate.location", STRING, "", "path", "PEM file of this broker's certificate (TLS listeners)."),
+    _k("ssl.key.location", STRING, "", "path", "PEM file of this broker's private key."),
+    _k("ssl.key.password", STRING, "", "secret", "Password of ssl.key.location if it is encrypted; empty = none."),
+    _k("ssl.client.auth", STRING, "none", "enum",
+       "TLS listeners: required = clients must present a certificate signed by ssl.ca.location (mTLS).",
+       OneOf("required", "requested", "none")),
+    _k("ssl.principal.mapping.rules", STRING, r"RULE:^(?:.*,)?CN=([^,]+)(?:,.*)?$/$1/,DEFAULT", "rules",
+       "Kafka's RULE:pattern/replacement/[LU],...,DEFAULT from a certificate subject to the User: name "
+       "(default: the subject's CN)."),
+    _k("sasl.enabled.mechanisms", LIST, ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), "list",
+       "Username/password mechanisms SASL_SSL listeners accept, checked against the SCRAM credentials in ZooKeeper.",
+       Mechanisms()),
+    _k("authorizer.class.name", STRING, "", "enum",
+       "Empty = no authorization; AclAuthorizer (or Kafka's class names) = ACLs in ZooKeeper decide every request.",
+       OneOf("", "AclAuthorizer", "kafka.security.authorizer.AclAuthorizer",
+             "kafka.security.auth.SimpleAclAuthorizer")),
+    _k("super.users", STRING, "", "principals",
+       "Principals allowed everything, separated by ';' (e.g. User:broker;User:admin)."),
+    _k("allow.everyone.if.no.acl.found", BOOLEAN, False, "bool",
+       "With an authorizer: a resource without any ACL is open to everyone (Kafka's default: false)."),
+    _k("zookeeper.set.acl", BOOLEAN, False, "bool",
+       "Create znodes readable by all but writable only by the zookeeper.digest.username identity."),
+    _k("zookeeper.digest.username", STRING, "", "name",
+       "ZooKeeper digest identity of the brokers (as the Client section of Kafka's JAAS file); empty = none."),
+    _k("zookeeper.digest.password", STRING, "", "secret", "Password of zookeeper.digest.username."),
 ]
 
 TOPIC_CONFIG_KEYS: list[ConfigKey] = [

@@ -89,3 +89,59 @@ def test_credential_cache_follows_password_changes(kazoo_factory):
     assert cache.verify("PLAIN", "bob", "two")
     raw = writer.get("/config/users/bob")[0]
     assert b"two" not in raw and b"stored_key" in raw
+
+
+def test_acls_and_configs_cli(zk_connect, kazoo_factory, capsys, monkeypatch):
+    from replikafka.cli.main import main
+    from replikafka.security.zk_security import AclStore, CredentialStore
+
+    assert main(["acls", "--authorizer-properties", f"zookeeper.connect={zk_connect}", "--add",
+                 "--allow-principal", "User:alice", "--operation", "Read", "--operation", "Describe",
+                 "--topic", "sales-", "--resource-pattern-type", "prefixed"]) == 0
+    assert main(["acls", "--zookeeper", zk_connect, "--add", "--deny-principal", "User:bob",
+                 "--deny-host", "10.1.1.1", "--operation", "Write", "--topic", "orders"]) == 0
+    snap = AclStore(kazoo_factory()).snapshot()
+    cfg = A.AuthorizerConfig()
+    assert A.authorize(snap, cfg, "User:alice", "h", "Read", "Topic", "sales-eu")
+    assert not A.authorize(snap, cfg, "User:alice", "h", "Write", "Topic", "sales-eu")
+    capsys.readouterr()
+    assert main(["acls", "--zookeeper", zk_connect, "--list", "--topic", "sales-eu",
+                 "--resource-pattern-type", "match"]) == 0
+    out = capsys.readouterr().out
+    assert "name=sales-, patternType=PREFIXED" in out and "operation=READ" in out and "bob" not in out
+    assert main(["acls", "--zookeeper", zk_connect, "--remove", "--allow-principal", "User:alice",
+                 "--operation", "Read", "--topic", "sales-", "--resource-pattern-type", "prefixed"]) == 0
+    snap = AclStore(kazoo_factory()).snapshot()
+    assert not A.authorize(snap, cfg, "User:alice", "h", "Read", "Topic", "sales-eu")
+    assert A.authorize(snap, cfg, "User:alice", "h", "Describe", "Topic", "sales-eu")
+    # bad flags: one line naming the problem
+    assert main(["acls", "--zookeeper", zk_connect, "--add", "--allow-principal", "alice", "--topic", "t"]) == 1
+    assert "principal 'alice' is not 'Type:name'" in capsys.readouterr().err
+    assert main(["acls", "--zookeeper", zk_connect, "--add", "--allow-principal", "User:a",
+                 "--operation", "ClusterAction", "--topic", "t"]) == 1
+    assert "applies to --cluster" in capsys.readouterr().err
+
+    assert main(["configs", "--zookeeper", zk_connect, "--entity-type", "users", "--entity-name", "carol",
+                 "--alter", "--add-config", "SCRAM-SHA-256=[iterations=8192,password=carol-pw]"]) == 0
+    creds = CredentialStore(kazoo_factory()).get("carol")
+    assert creds["SCRAM-SHA-256"].iterations == 8192 and scram.verify("SCRAM-SHA-256", creds["SCRAM-SHA-256"], "carol-pw")
+    capsys.readouterr()
+    assert main(["configs", "--zookeeper", zk_connect, "--entity-type", "users", "--describe"]) == 0
+    out = capsys.readouterr().out
+    assert "carol" in out and "SCRAM-SHA-256=iterations=8192" in out and "carol-pw" not in out
+
+
+def test_cli_writes_need_the_broker_identity_when_zookeeper_is_secured(zk_connect, kazoo_factory, capsys,
+                                                                       monkeypatch):
+    from replikafka.cli.main import main
+    broker = kazoo_factory(**Z.kazoo_security("kafka", "zk-pw", set_acl=True))
+    Z.secure_existing(broker, "kafka", "zk-pw", ("/",))
+    Z.AclStore(broker).ensure_paths()
+    args = ["acls", "--zookeeper", zk_connect, "--add", "--allow-principal", "User:x", "--operation", "Read",
+            "--topic", "t"]
+    assert main(args) == 1
+    assert "REPLIKAFKA_ZK_DIGEST" in capsys.readouterr().err
+    assert not broker.exists("/kafka-acl/Topic/t")
+    monkeypatch.setenv("REPLIKAFKA_ZK_DIGEST", "kafka:zk-pw")
+    assert main(args) == 0
+    assert broker.exists("/kafka-acl/Topic/t")

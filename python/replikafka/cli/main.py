@@ -22,6 +22,8 @@ COMMANDS = {
     "state-change-log-merger": "state_change_log_merger_cmd",
     "reassign-partitions": "reassign_partitions_cmd",
     "preferred-replica-election": "preferred_replica_election_cmd",
+    "acls": "acls_cmd",
+    "configs": "configs_cmd",
 }
 
 
