@@ -199,7 +199,11 @@ class OneOf(Validator):
 
 
 _LISTENER_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]\s]*):([0-9]+)")
-SUPPORTED_PROTOCOLS = ("PLAINTEXT",)
+# gRPC listeners (client, admin, inter-broker and controller requests) and the
+# Arrow Flight read listener. TLS protocols need the ssl.* keys.
+GRPC_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
+FLIGHT_PROTOCOLS = ("FLIGHT",)
+SUPPORTED_PROTOCOLS = GRPC_PROTOCOLS + FLIGHT_PROTOCOLS
 
 
 class Listeners(Validator):
@@ -234,11 +238,16 @@ class Listeners(Validator):
         ports = [e.port for e in out if e.port != 0]
         if len(ports) != len(set(ports)):
             raise ValueError("two listeners use the same port")
+        protocols = [e.protocol for e in out]
+        if len(protocols) != len(set(protocols)):
+            raise ValueError("two listeners use the same protocol (one listener per protocol)")
+        if not any(p in GRPC_PROTOCOLS for p in protocols):
+            raise ValueError(f"no {'/'.join(GRPC_PROTOCOLS)} listener (clients and brokers need one)")
         return tuple(out)
 
     def describe(self) -> str:
         what = "host:port clients can reach" if self.advertised else "host:port (empty host = all interfaces, port 0 = any free port)"
-        return f"comma-separated PLAINTEXT://{what}"
+        return f"comma-separated PROTOCOL://{what}, PROTOCOL one of {', '.join(SUPPORTED_PROTOCOLS)}"
 
 
 class Mechanisms(Validator):
@@ -784,8 +793,16 @@ class BrokerConfig:
         return name in self._explicit
 
     def advertised_endpoint(self) -> Endpoint:
-        """The first advertised listener (or the first listener when none is advertised)."""
-        return self.get("advertised.listeners")[0]
+        """The first advertised gRPC listener (or the first listener when none is advertised)."""
+        return next(e for e in self.get("advertised.listeners") if e.protocol in GRPC_PROTOCOLS)
+
+    def grpc_listeners(self) -> list[Endpoint]:
+        """The gRPC listeners to bind, in configured order."""
+        return [e for e in self.get("listeners") if e.protocol in GRPC_PROTOCOLS]
+
+    def listener(self, protocol: str) -> Endpoint | None:
+        """The listener of ``protocol`` (e.g. ``"FLIGHT"``), or None."""
+        return next((e for e in self.get("listeners") if e.protocol == protocol), None)
 
     def as_properties(self, include_defaults: bool = False) -> dict[str, str]:
         """Normalized string values: the explicitly set keys (or every key that has a value)."""
@@ -811,10 +828,11 @@ def _cross_check(values: Mapping[str, Any]) -> None:
             f"waiting on an idle leader would drop out of the ISR"
         )
     adv = values["advertised.listeners"]
-    if adv is not None and len(adv) != len(values["listeners"]):
+    if adv is not None and sorted(e.protocol for e in adv) != sorted(e.protocol for e in values["listeners"]):
         raise InvalidConfigError(
             f"invalid value {LIST.format(adv)!r} for configuration advertised.listeners: "
-            f"must list one address per listener ({len(values['listeners'])} listeners)"
+            f"must advertise one address per listener, with the same protocols as listeners "
+            f"({LIST.format(values['listeners'])})"
         )
 
 

@@ -23,6 +23,7 @@ class MetadataCache:
     def __init__(self):
         self.lock = threading.Lock()
         self.brokers: dict[int, tuple[str, int]] = {}
+        self.broker_endpoints: dict[int, tuple[str, ...]] = {}   # every advertised listener per broker
         self.controller_id = -1
         self.controller_epoch = -1
         self.topics: dict[str, TopicEntry] = {}
@@ -34,6 +35,7 @@ class MetadataCache:
             self.controller_epoch = req.controller_epoch
             if req.live_brokers:
                 self.brokers = {b.id: (b.host, b.port) for b in req.live_brokers}
+                self.broker_endpoints = {b.id: tuple(b.endpoints) for b in req.live_brokers}
             if req.full:
                 self.topics = {}
             self._apply_topics(req.topics, req.partitions)
@@ -83,7 +85,8 @@ class MetadataCache:
         with self.lock:
             names = sorted(self.topics) if all_topics or not topics else list(topics)
             out = pb.MetadataResponse(controller_id=self.controller_id, brokers=[
-                pb.BrokerEndpoint(id=b, host=h, port=p) for b, (h, p) in sorted(self.brokers.items())])
+                pb.BrokerEndpoint(id=b, host=h, port=p, endpoints=self.broker_endpoints.get(b, ()))
+                for b, (h, p) in sorted(self.brokers.items())])
             for name in names:
                 entry = self.topics.get(name)
                 if entry is None:

@@ -19,6 +19,7 @@ import grpc
 from replikafka.broker import replica_fetch_codec
 from replikafka.broker.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
 from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.client.connection import open_channel, target_of
 from replikafka.protocol import replikafka_pb2_grpc as pbg
 
 log = logging.getLogger("replikafka.fetcher")
@@ -33,9 +34,8 @@ class LeaderEndpoint(Protocol):
 
 
 class GrpcLeaderEndpoint:
-    def __init__(self, host: str, port: int):
-        self.channel = grpc.insecure_channel(f"{host}:{port}", options=[
-            ("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)])
+    def __init__(self, host: str, port: int, credentials: grpc.ChannelCredentials | None = None):
+        self.channel = open_channel(target_of(host, port), credentials)
         self.stub = pbg.ReplikafkaStub(self.channel)
         self._fetch = self.channel.unary_unary(replica_fetch_codec.PATH,
                                                request_serializer=pb.FetchRequest.SerializeToString,

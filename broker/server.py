@@ -20,13 +20,14 @@ from kazoo.client import KazooClient, KazooState
 
 from replikafka import records as R
 from replikafka.errors import UnknownTopicOrPartitionError
+from replikafka.client.connection import open_channel, target_of
 from replikafka.broker.admin_manager import AdminManager
-from replikafka.broker.config import BrokerConfig, log_config_for_topic
+from replikafka.broker.config import BrokerConfig, Endpoint, log_config_for_topic
 from replikafka.broker.controller.controller import Controller
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
 from replikafka.broker.replica_manager import ReplicaManager
-from replikafka.broker.rpc_server import BrokerServicer, replica_data_handler
+from replikafka.broker.rpc_server import BrokerServicer, NoObserver, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.storage.fileio import atomic_write_bytes
@@ -96,10 +97,17 @@ class BrokerServer:
         self.clock = clock or SYSTEM_CLOCK
         self.broker_id = config.get("broker.id")
         self.endpoint = config.advertised_endpoint()
+        self.bound: dict[str, Endpoint] = {}   # protocol -> listener with its real port
         self.stopped = threading.Event()
         self.threads: list[threading.Thread] = []
         self.zk: KazooClient | None = None
-        self.grpc_server = None
+        self.grpc_servers: list[grpc.Server] = []
+        # The RPC pipeline's hooks (broker/rpc_server.py): who may call what, and
+        # what each call cost. Security and metrics replace them before start().
+        self.request_gate = OpenGate()
+        self.request_observer = NoObserver()
+        # How this broker reaches other brokers (security.inter.broker.protocol): None = plaintext.
+        self.channel_credentials = None
         self.session_lost = threading.Event()
         self.session_back = threading.Event()
 
@@ -135,13 +143,15 @@ class BrokerServer:
         # A previous incarnation's ephemeral node lives until its session times out.
         self.broker_epoch = self.store.register_broker(
             self.broker_id, self.endpoint.host, self.endpoint.port,
-            wait_s=2 * cfg.get("zookeeper.session.timeout.ms") / 1000.0 + 5)
+            wait_s=2 * cfg.get("zookeeper.session.timeout.ms") / 1000.0 + 5,
+            endpoints=tuple(str(e) for e in self.advertised_endpoints()))
         self.controller = Controller(self.broker_id, self.store,
                                      unclean_default=cfg.get("unclean.leader.election.enable"),
                                      request_timeout_s=cfg.get("controller.socket.timeout.ms") / 1000.0,
                                      auto_rebalance_enable=cfg.get("auto.leader.rebalance.enable"),
                                      imbalance_percentage=cfg.get("leader.imbalance.per.broker.percentage"),
-                                     imbalance_check_interval_s=cfg.get("leader.imbalance.check.interval.seconds"))
+                                     imbalance_check_interval_s=cfg.get("leader.imbalance.check.interval.seconds"),
+                                     channel_credentials=self.channel_credentials)
         self.controller.start()
         self._loop("isr-maintenance", self.replica_manager.do_isr_work,
                    min(cfg.get("replica.lag.time.max.ms") / 4, 500))
@@ -191,24 +201,51 @@ class BrokerServer:
 
     def _leader_endpoint(self, leader_id: int):
         host, port = self.metadata.brokers.get(leader_id) or self.store.live_brokers().get(leader_id, ("", 0))
-        return GrpcLeaderEndpoint(host, port)
+        return GrpcLeaderEndpoint(host, port, self.channel_credentials)
 
     def _serve_grpc(self) -> None:
-        workers = max(8, self.config.get("num.io.threads"))
-        self.grpc_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-            maximum_concurrent_rpcs=self.config.get("queued.max.requests"),
-            options=[("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
-                     ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
-                     ("grpc.so_reuseport", 0)])
+        """One gRPC server per gRPC listener, all through the same pipeline (so a
+        call knows which listener, and so which security protocol, it came in on).
+        Ports bound as 0 are replaced by the real ones in ``self.bound``."""
         servicer = BrokerServicer(self)
-        pbg.add_ReplikafkaServicer_to_server(servicer, self.grpc_server)
-        self.grpc_server.add_generic_rpc_handlers((replica_data_handler(servicer),))
-        bind = self.config.get("listeners")[0]
-        if self.grpc_server.add_insecure_port(f"{bind.host}:{bind.port}") == 0:
-            from replikafka.errors import InvalidConfigError
-            raise InvalidConfigError(f"listeners: cannot bind {bind.host}:{bind.port} (in use?)")
-        self.grpc_server.start()
+        workers = max(8, self.config.get("num.io.threads"))
+        for listener in self.config.grpc_listeners():
+            server = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"rpc-{listener.protocol}"),
+                maximum_concurrent_rpcs=self.config.get("queued.max.requests"),
+                options=[("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+                         ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+                         ("grpc.so_reuseport", 0)])
+            pipeline = RpcPipeline(servicer, listener.protocol, self.request_gate, self.request_observer)
+            server.add_generic_rpc_handlers((pipeline.handler(),))
+            address = f"{listener.host}:{listener.port}"
+            if listener.protocol == "PLAINTEXT":
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, self.server_credentials(listener))
+            if port == 0:
+                from replikafka.errors import InvalidConfigError
+                raise InvalidConfigError(f"listeners: cannot bind {listener} (port in use?)")
+            self.bound[listener.protocol] = Endpoint(listener.protocol, listener.host, port)
+            server.start()
+            self.grpc_servers.append(server)
+        self.endpoint = self._advertised(self.config.advertised_endpoint())
+
+    def server_credentials(self, listener: Endpoint) -> grpc.ServerCredentials:
+        """TLS credentials for an SSL / SASL_SSL listener (set by security)."""
+        from replikafka.errors import InvalidConfigError
+        raise InvalidConfigError(f"listeners: {listener.protocol} listener {listener} needs TLS, "
+                                 f"which this broker is not configured for")
+
+    def _advertised(self, endpoint: Endpoint) -> Endpoint:
+        """An advertised endpoint with a bound port filled in where the listener asked for port 0."""
+        if endpoint.port == 0 and endpoint.protocol in self.bound:
+            return endpoint._replace(port=self.bound[endpoint.protocol].port)
+        return endpoint
+
+    def advertised_endpoints(self) -> list[Endpoint]:
+        """Every listener as clients and brokers should reach it (published in ZooKeeper)."""
+        return [self._advertised(e) for e in self.config.get("advertised.listeners")]
 
     def _loop(self, name: str, work, interval_ms: float) -> None:
         def run():
@@ -243,7 +280,9 @@ class BrokerServer:
         self.session_back.clear()
         self.session_lost.clear()
         log.warning("broker %d: ZooKeeper session expired; re-registering", self.broker_id)
-        self.broker_epoch = self.store.register_broker(self.broker_id, self.endpoint.host, self.endpoint.port)
+        self.broker_epoch = self.store.register_broker(
+            self.broker_id, self.endpoint.host, self.endpoint.port,
+            endpoints=tuple(str(e) for e in self.advertised_endpoints()))
         self.controller.enqueue("session_reestablished")
 
     # ------------------------------------------------------------ stop
@@ -257,7 +296,8 @@ class BrokerServer:
         self.stopped.set()
         self.controller.stop()
         self.replica_manager.shutdown()
-        self.grpc_server.stop(grace=1.0).wait(5)
+        for server in self.grpc_servers:
+            server.stop(grace=1.0).wait(5)
         for t in self.threads:
             t.join(timeout=5)
         self._checkpoint_hw()
@@ -272,7 +312,6 @@ class BrokerServer:
         """Ask the controller to move our leaderships away and take us out of ISRs
         before we go, so no partition goes offline (Kafka's controlled shutdown).
         Retries ``controlled.shutdown.max.retries`` times; then an unclean stop."""
-        import grpc as _grpc
         from replikafka.protocol import replikafka_pb2 as pb
         cfg = self.config
         attempts = cfg.get("controlled.shutdown.max.retries") + 1
@@ -285,7 +324,7 @@ class BrokerServer:
                 host, port = self.store.live_brokers().get(controller, (None, None))
                 if host is None:
                     raise RuntimeError("no controller is registered")
-                with _grpc.insecure_channel(f"{host}:{port}") as ch:
+                with open_channel(target_of(host, port), self.channel_credentials) as ch:
                     resp = pbg.ReplikafkaStub(ch).ControlledShutdown(
                         pb.ControlledShutdownRequest(broker_id=self.broker_id, broker_epoch=self.broker_epoch),
                         timeout=timeout_s)

@@ -94,12 +94,16 @@ class ZkStore:
             self.zk.ensure_path(p)
 
     # ------------------------------------------------------------ brokers
-    def register_broker(self, broker_id: int, host: str, port: int, wait_s: float = 0.0) -> int:
+    def register_broker(self, broker_id: int, host: str, port: int, wait_s: float = 0.0,
+                        endpoints: tuple[str, ...] = ()) -> int:
         """Create the ephemeral ``/brokers/ids/[id]``; returns its czxid (the broker epoch). A node left by our previous
         incarnation (killed, its session not expired yet) goes away by itself
         within the session timeout: wait up to ``wait_s`` for that, then fail
-        naming the conflict (two live brokers with one id)."""
-        data = _json({"host": host, "port": port, "timestamp": str(int(time.time() * 1000))})
+        naming the conflict (two live brokers with one id). ``endpoints`` are every
+        advertised listener as ``PROTOCOL://host:port`` (Kafka's registration field);
+        ``host``/``port`` stay the inter-broker gRPC listener."""
+        data = _json({"host": host, "port": port, "endpoints": list(endpoints),
+                      "timestamp": str(int(time.time() * 1000))})
         path = f"{BROKER_IDS}/{broker_id}"
         deadline = time.monotonic() + wait_s
         while True:
@@ -121,10 +125,12 @@ class ZkStore:
                         f"(another live broker with this id?)") from None
                 time.sleep(0.2)
 
-    def live_brokers(self, watch=None, epochs: dict[int, int] | None = None) -> dict[int, tuple[str, int]]:
+    def live_brokers(self, watch=None, epochs: dict[int, int] | None = None,
+                     endpoints: dict[int, tuple[str, ...]] | None = None) -> dict[int, tuple[str, int]]:
         """Registered brokers: id -> (host, port). If ``epochs`` is given it is filled
         with each registration's czxid (the broker epoch): a changed value means the
-        broker restarted, even if the controller never saw it gone."""
+        broker restarted, even if the controller never saw it gone. If ``endpoints``
+        is given it is filled with each broker's advertised listeners."""
         out = {}
         for child in self.zk.get_children(BROKER_IDS, watch=watch):
             try:
@@ -133,6 +139,8 @@ class ZkStore:
                 continue
             d = json.loads(data)
             out[int(child)] = (d["host"], int(d["port"]))
+            if endpoints is not None:
+                endpoints[int(child)] = tuple(d.get("endpoints") or ())
             if epochs is not None:
                 epochs[int(child)] = stat.czxid
         return out

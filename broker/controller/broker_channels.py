@@ -15,6 +15,7 @@ import time
 
 import grpc
 
+from replikafka.client.connection import open_channel, target_of
 from replikafka.protocol import replikafka_pb2_grpc as pbg
 
 log = logging.getLogger(__name__)
@@ -23,11 +24,11 @@ RETRY_BACKOFF_S = 0.1
 
 
 class BrokerChannel:
-    def __init__(self, broker_id: int, host: str, port: int, request_timeout_s: float):
+    def __init__(self, broker_id: int, host: str, port: int, request_timeout_s: float,
+                 credentials: grpc.ChannelCredentials | None = None):
         self.broker_id = broker_id
-        self.target = f"{host}:{port}"
-        self.channel = grpc.insecure_channel(self.target, options=[
-            ("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)])
+        self.target = target_of(host, port)
+        self.channel = open_channel(self.target, credentials)
         self.stub = pbg.ReplikafkaStub(self.channel)
         self.timeout_s = request_timeout_s
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_MAX)
@@ -82,8 +83,9 @@ class BrokerChannel:
 class ControllerChannelManager:
     """Thread-safe map broker id -> BrokerChannel."""
 
-    def __init__(self, request_timeout_s: float = 30.0):
+    def __init__(self, request_timeout_s: float = 30.0, credentials: grpc.ChannelCredentials | None = None):
         self.timeout_s = request_timeout_s
+        self.credentials = credentials   # inter-broker TLS / broker principal (None: plaintext)
         self.channels: dict[int, BrokerChannel] = {}
         self.lock = threading.Lock()
 
@@ -96,7 +98,7 @@ class ControllerChannelManager:
                     del self.channels[bid]
             for bid, (host, port) in live.items():
                 if bid not in self.channels:
-                    self.channels[bid] = BrokerChannel(bid, host, port, self.timeout_s)
+                    self.channels[bid] = BrokerChannel(bid, host, port, self.timeout_s, self.credentials)
 
     def send(self, broker_id: int, method: str, request, on_response=None) -> None:
         with self.lock:

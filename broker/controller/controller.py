@@ -48,6 +48,7 @@ class ControllerContext:
     epoch_zk_version: int = -1
     live: dict[int, tuple[str, int]] = field(default_factory=dict)
     broker_epochs: dict[int, int] = field(default_factory=dict)
+    endpoints: dict[int, tuple[str, ...]] = field(default_factory=dict)  # every advertised listener
     topics: dict[str, TopicMeta] = field(default_factory=dict)
     states: dict[TP, tuple[LeaderAndIsr, int]] = field(default_factory=dict)
     deleting: set[str] = field(default_factory=set)
@@ -59,7 +60,8 @@ class Controller:
     def __init__(self, broker_id: int, store: ZkStore, *, unclean_default: bool = False,
                  request_timeout_s: float = 30.0, on_became_controller=None,
                  auto_rebalance_enable: bool = False, imbalance_percentage: int = 10,
-                 imbalance_check_interval_s: float = 300.0, clock=time.monotonic):
+                 imbalance_check_interval_s: float = 300.0, clock=time.monotonic,
+                 channel_credentials=None):
         self.broker_id = broker_id
         self.auto_rebalance_enable = auto_rebalance_enable
         self.imbalance_percentage = imbalance_percentage
@@ -71,7 +73,7 @@ class Controller:
         self.zk = store.zk
         self.unclean_default = unclean_default
         self.events: queue.Queue = queue.Queue(maxsize=EVENT_QUEUE_MAX)
-        self.channels = ControllerChannelManager(request_timeout_s)
+        self.channels = ControllerChannelManager(request_timeout_s, channel_credentials)
         self.ctx = ControllerContext()
         self.active = False
         self.stopped = threading.Event()
@@ -180,7 +182,8 @@ class Controller:
         ctx = self.ctx
         started = time.monotonic()
         self.store.ensure_paths()
-        ctx.live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=ctx.broker_epochs)
+        ctx.live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=ctx.broker_epochs,
+                                           endpoints=ctx.endpoints)
         self.channels.set_brokers(ctx.live)
         for t in self.store.list_topics(watch=self._watch("topic_change")):
             self._load_topic(t)
@@ -227,7 +230,9 @@ class Controller:
             return
         ctx = self.ctx
         epochs: dict[int, int] = {}
-        live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=epochs)
+        endpoints: dict[int, tuple[str, ...]] = {}
+        live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=epochs, endpoints=endpoints)
+        ctx.endpoints = endpoints
         old = set(ctx.live)
         # Restarted between two looks (its old session expired and it re-registered):
         # it lost its in-memory state, so it is new to us.
@@ -656,7 +661,8 @@ class Controller:
 
     # ------------------------------------------------------------ requests to brokers
     def _endpoints(self) -> list[pb.BrokerEndpoint]:
-        return [pb.BrokerEndpoint(id=b, host=h, port=p) for b, (h, p) in sorted(self.ctx.live.items())]
+        return [pb.BrokerEndpoint(id=b, host=h, port=p, endpoints=self.ctx.endpoints.get(b, ()))
+                for b, (h, p) in sorted(self.ctx.live.items())]
 
     def _partition_state_pb(self, tp: TP) -> pb.PartitionState | None:
         entry = self.ctx.states.get(tp)

@@ -22,3 +22,14 @@ def test_many_states_in_multi_reads_missing_ones_left_out(kazoo_client):
     assert all(got[tp] == (s, 0) for tp, s in states.items() if tp != ("a", 7))
     assert got == store._read_states_pipelined(asked)     # the fallback reads the same
     assert store.get_partition_states([]) == {}
+
+
+def test_registration_publishes_every_listener(kazoo_client):
+    store = ZkStore(kazoo_client)
+    store.ensure_paths()
+    epoch = store.register_broker(7, "h7", 9092, endpoints=("PLAINTEXT://h7:9092", "FLIGHT://h7:9192"))
+    store.register_broker(8, "h8", 9093)                   # an older registration: no endpoints field
+    endpoints, epochs = {}, {}
+    assert store.live_brokers(epochs=epochs, endpoints=endpoints) == {7: ("h7", 9092), 8: ("h8", 9093)}
+    assert endpoints == {7: ("PLAINTEXT://h7:9092", "FLIGHT://h7:9192"), 8: ()}
+    assert epochs[7] == epoch

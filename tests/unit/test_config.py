@@ -192,14 +192,17 @@ def test_invalid_config_error_is_a_replikafka_error_with_its_code():
 
 # ---------------------------------------------------------------- listeners, zookeeper.connect
 def test_listeners():
-    c = cfg(listeners="PLAINTEXT://:9093, plaintext://[::1]:9094,PLAINTEXT://0.0.0.0:0")
-    assert c.listeners == (Endpoint("PLAINTEXT", "", 9093), Endpoint("PLAINTEXT", "::1", 9094),
-                           Endpoint("PLAINTEXT", "0.0.0.0", 0))
+    c = cfg(listeners="PLAINTEXT://:9093, ssl://[::1]:9094,FLIGHT://0.0.0.0:0")
+    assert c.listeners == (Endpoint("PLAINTEXT", "", 9093), Endpoint("SSL", "::1", 9094),
+                           Endpoint("FLIGHT", "0.0.0.0", 0))
     assert c.listeners[1].address == "[::1]:9094"
+    assert c.grpc_listeners() == [Endpoint("PLAINTEXT", "", 9093), Endpoint("SSL", "::1", 9094)]
+    assert c.listener("FLIGHT") == Endpoint("FLIGHT", "0.0.0.0", 0) and c.listener("SASL_SSL") is None
+    assert cfg(listeners="FLIGHT://h:1,SSL://h:2").advertised_endpoint() == Endpoint("SSL", "h", 2)
     assert cfg().advertised_endpoint() == Endpoint("PLAINTEXT", "127.0.0.1", 9092)
     assert cfg().listeners[0].address == "127.0.0.1:9092"
-    for bad in ("127.0.0.1:9092", "SSL://h:1", "PLAINTEXT://h:70000", "PLAINTEXT://h", "",
-                "PLAINTEXT://a:1,PLAINTEXT://b:1"):
+    for bad in ("127.0.0.1:9092", "HTTP://h:1", "PLAINTEXT://h:70000", "PLAINTEXT://h", "",
+                "PLAINTEXT://a:1,PLAINTEXT://b:1", "PLAINTEXT://a:1,PLAINTEXT://b:2", "FLIGHT://h:1"):
         refused(lambda: cfg(listeners=bad), "listeners", repr(bad) if bad else "listeners")
 
 
@@ -211,7 +214,7 @@ def test_advertised_listeners():
     assert cfg().get("advertised.listeners") == cfg().listeners
     refused(lambda: cfg(advertised_listeners="PLAINTEXT://0.0.0.0:9092"), "advertised.listeners")
     refused(lambda: cfg(advertised_listeners="PLAINTEXT://h:0"), "advertised.listeners")
-    refused(lambda: cfg(advertised_listeners="PLAINTEXT://a:1,PLAINTEXT://b:2"), "advertised.listeners")
+    refused(lambda: cfg(advertised_listeners="PLAINTEXT://a:1,FLIGHT://b:2"), "advertised.listeners")
 
 
 @pytest.mark.parametrize("good", ["h:2181", "a:1,b:2,c:3/chroot/x", "h", "[::1]:2181/kafka", "h:2181/"])

@@ -36,6 +36,18 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def open_channel(target: str, credentials: grpc.ChannelCredentials | None = None,
+                 options: Iterable[tuple[str, Any]] = ()) -> grpc.Channel:
+    """The one way replikafka opens a gRPC channel, for clients and brokers alike:
+    our channel options (message sizes, keepalive, fast reconnect to a restarted
+    broker), and TLS (plus any call credentials composed into ``credentials``)
+    when ``credentials`` is given, plaintext otherwise."""
+    opts = list(CHANNEL_OPTIONS) + list(options)
+    if credentials is None:
+        return grpc.insecure_channel(target, options=opts)
+    return grpc.secure_channel(target, credentials, options=opts)
+
+
 def parse_bootstrap(servers: str | Iterable[str]) -> list[str]:
     """``"h1:p1,h2:p2"`` (or a list of ``"host:port"``) -> ``["h1:p1", "h2:p2"]``.
 
@@ -82,8 +94,10 @@ def target_of(host: str, port: int) -> str:
 class ConnectionPool:
     """One gRPC channel per broker address, shared by all threads of a client."""
 
-    def __init__(self, options: list[tuple[str, Any]] | None = None):
-        self._options = list(CHANNEL_OPTIONS) + list(options or [])
+    def __init__(self, options: list[tuple[str, Any]] | None = None,
+                 credentials: grpc.ChannelCredentials | None = None):
+        self._options = list(options or [])
+        self._credentials = credentials
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, pb_grpc.ReplikafkaStub]] = {}
         self._raw: dict[tuple[str, str], Any] = {}
@@ -95,7 +109,7 @@ class ConnectionPool:
                 raise E.ReplikafkaError("the client is closed", code="CLIENT_CLOSED")
             entry = self._channels.get(target)
             if entry is None:
-                channel = grpc.insecure_channel(target, options=self._options)
+                channel = open_channel(target, self._credentials, self._options)
                 entry = (channel, pb_grpc.ReplikafkaStub(channel))
                 self._channels[target] = entry
             return entry[1]

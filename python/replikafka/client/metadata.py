@@ -32,10 +32,16 @@ class BrokerInfo:
     id: int
     host: str
     port: int
+    endpoints: tuple[str, ...] = ()   # every advertised listener, "PROTOCOL://host:port"
 
     @property
     def target(self) -> str:
         return target_of(self.host, self.port)
+
+    def listener(self, protocol: str) -> str | None:
+        """``"host:port"`` of this broker's ``protocol`` listener (e.g. ``"FLIGHT"``), or None."""
+        prefix = protocol.upper() + "://"
+        return next((e[len(prefix):] for e in self.endpoints if e.upper().startswith(prefix)), None)
 
 
 @dataclass(frozen=True)
@@ -220,7 +226,7 @@ class ClusterMetadata:
                 backoff = min(backoff * 2, 1.0)
 
     def _apply(self, response: pb.MetadataResponse, request: pb.MetadataRequest) -> None:
-        brokers = {b.id: BrokerInfo(b.id, b.host, b.port) for b in response.brokers}
+        brokers = {b.id: BrokerInfo(b.id, b.host, b.port, tuple(b.endpoints)) for b in response.brokers}
         fresh: dict[str, TopicInfo] = {}
         unknown: set[str] = set()
         for t in response.topics:

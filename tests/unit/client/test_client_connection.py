@@ -92,3 +92,12 @@ def test_closed_pool_refuses_calls(server):
     pool.close()
     with pytest.raises(E.ReplikafkaError):
         pool.call(server, "Metadata", pb.MetadataRequest(), 5)
+
+
+def test_broker_info_names_each_listener():
+    from replikafka.client.metadata import BrokerInfo
+    b = BrokerInfo(1, "h", 9092, ("PLAINTEXT://h:9092", "FLIGHT://h:9192", "SSL://[::1]:9093"))
+    assert b.target == "h:9092"
+    assert b.listener("FLIGHT") == "h:9192" and b.listener("flight") == "h:9192"
+    assert b.listener("SSL") == "[::1]:9093" and b.listener("SASL_SSL") is None
+    assert BrokerInfo(2, "h", 1).listener("FLIGHT") is None
