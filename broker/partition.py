@@ -170,11 +170,13 @@ class Partition:
 
     # ------------------------------------------------------------ leader: reads
     def read_committed(self, offset: int, max_bytes: int, current_leader_epoch: int, columns=None):
-        """Consumers: data in [offset, HW); [HW, LEO] gives an empty result."""
+        """Consumers: data in [offset, HW); [HW, LEO] gives an empty result. While a new
+        leader's HW is not known yet (:meth:`LeaderState.client_hw`) the answer is empty
+        with HW -1: the reader waits and asks again, and never sees its HW go back."""
         with self.lock:
             st = self._require_leader()
             self.check_epoch(current_leader_epoch)
-            hw, leo, lso = st.hw, self.log.log_end_offset, self.log.log_start_offset
+            hw, leo, lso = st.client_hw(), self.log.log_end_offset, self.log.log_start_offset
         if offset < lso or offset > leo:
             raise E.OffsetOutOfRangeError(
                 f"{self.topic}-{self.partition}: offset {offset} is outside [{lso}, {leo}]")
@@ -212,12 +214,14 @@ class Partition:
         raw = self.log.read_raw(start, max_bytes) if start < leo else None
         return raw, hw, leo, lso
 
-    def leader_offsets(self, current_leader_epoch: int) -> tuple[int, int, int, int]:
-        """As the leader, checking the caller's epoch: (HW, LEO, log start, leader epoch)."""
+    def leader_offsets(self, current_leader_epoch: int) -> tuple[int, int, int, int, bool]:
+        """As the leader, checking the caller's epoch: (HW, LEO, log start, leader epoch,
+        whether readers may be shown the HW yet: :meth:`LeaderState.client_hw`)."""
         with self.lock:
-            self._require_leader()
+            st = self._require_leader()
             self.check_epoch(current_leader_epoch)
-            return self.hw, self.log.log_end_offset, self.log.log_start_offset, self.leader_epoch
+            return st.hw, self.log.log_end_offset, self.log.log_start_offset, self.leader_epoch, \
+                st.client_hw() >= 0
 
     def end_offset_for_epoch(self, epoch: int, current_leader_epoch: int) -> tuple[int, int]:
         """OffsetsForLeaderEpoch, as the leader (KIP-279)."""

@@ -73,6 +73,15 @@ class LeaderState:
             return True
         return False
 
+    def client_hw(self) -> int:
+        """The HW readers may see, or -1 while it is not known (KIP-207). A new leader
+        starts from its follower HW, which may lag the HW its predecessor reported;
+        until that HW reaches the start of this epoch (every record before it was
+        written by an earlier leader, so it is committed once the ISR has it), the HW
+        a reader saw before the change could be above it: reporting it would move the
+        reader's HW backwards."""
+        return self.hw if self.hw >= self.epoch_start_offset else -1
+
     # ---------------------------------------------------------------- ISR decisions
     def isr_to_shrink(self, now_ms: int, leader_leo: int, lag_time_ms_max: int) -> tuple[int, ...] | None:
         """The ISR without followers that have not caught up for ``lag_time_ms_max``."""

@@ -321,11 +321,18 @@ class ReplicaManager:
             r = pb.ListOffsetsPartitionResponse(topic=q.topic, partition=q.partition, offset=-1, timestamp_ms=-1)
             try:
                 part = self._partition_or_error(q.topic, q.partition)
-                hw, leo, lso, r.leader_epoch = part.leader_offsets(q.current_leader_epoch)
-                r.high_watermark, r.log_end_offset, r.log_start_offset = hw, leo, lso
+                hw, leo, lso, r.leader_epoch, hw_known = part.leader_offsets(q.current_leader_epoch)
+                r.high_watermark, r.log_end_offset, r.log_start_offset = hw if hw_known else -1, leo, lso
+                # KIP-207: while a new leader's HW is not known yet, "latest" and a time not
+                # found below the HW are OFFSET_NOT_AVAILABLE (retriable), as in Kafka.
+                not_yet = E.OffsetNotAvailableError(
+                    f"{q.topic}-{q.partition}: the new leader's high watermark has not reached the start of "
+                    f"its epoch {r.leader_epoch} yet")
                 if q.timestamp_ms == -2:
                     r.offset = lso
                 elif q.timestamp_ms == -1:
+                    if not hw_known:
+                        raise not_yet
                     r.offset = hw
                 elif q.timestamp_ms < 0:
                     raise E.InvalidRequestError(f"timestamp {q.timestamp_ms} is not -2, -1 or a time in ms")
@@ -333,6 +340,8 @@ class ReplicaManager:
                     found = part.log.offset_for_timestamp(q.timestamp_ms)
                     if found is not None and found[0] < hw:
                         r.offset, r.timestamp_ms = found
+                    elif not hw_known:
+                        raise not_yet
             except E.ReplikafkaError as exc:
                 r.error.CopyFrom(to_pb(exc))
             out.partitions.append(r)

@@ -73,6 +73,12 @@ class UnknownTopicOrPartitionError(RetriableError):
     code = "UNKNOWN_TOPIC_OR_PARTITION"
 
 
+class OffsetNotAvailableError(RetriableError):
+    """A new leader's high watermark has not reached the start of its epoch yet (KIP-207):
+    it cannot tell the latest committed offset; ask again shortly."""
+    code = "OFFSET_NOT_AVAILABLE"
+
+
 class NotControllerError(RetriableError):
     """This broker is not the controller."""
     code = "NOT_CONTROLLER"

@@ -315,7 +315,8 @@ class Consumer:
                     continue
                 perr = from_pb(r.error)
                 if perr is None:
-                    self._highwater[tp] = r.high_watermark
+                    if r.high_watermark >= 0:   # -1: a new leader that does not know it yet (KIP-207)
+                        self._highwater[tp] = r.high_watermark
                     table, nxt = records_to_table(r.records, r.records_base_offset, fetch_offset, r.high_watermark,
                                                   r.topic, r.partition, self._schemas[r.topic])
                     if table is not None:

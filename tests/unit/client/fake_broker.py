@@ -26,6 +26,7 @@ class FakePartition:
     leader: int = 1
     epoch: int = 0
     seqs: dict = field(default_factory=dict)      # producer_id -> (last base_sequence, base_offset, count)
+    hw_unknown: int = 0   # the next Fetch answers report no HW (-1, a new leader: KIP-207)
 
 
 @dataclass
@@ -163,6 +164,10 @@ class FakeCluster(pb_grpc.ReplikafkaServicer):
                 if code:
                     r.error.code = code
                     continue
+                if p.hw_unknown:
+                    p.hw_unknown -= 1
+                    r.high_watermark = -1
+                    continue
                 if f.fetch_offset > p.leo:
                     r.error.code = "OFFSET_OUT_OF_RANGE"
                     continue
@@ -189,6 +194,10 @@ class FakeCluster(pb_grpc.ReplikafkaServicer):
                 p = self.topics[q.topic].partitions[q.partition]
                 r = out.partitions.add(topic=q.topic, partition=q.partition, high_watermark=p.leo,
                                        log_end_offset=p.leo, log_start_offset=0, leader_epoch=p.epoch)
+                code = self._fault("ListOffsets", q.topic, q.partition)
+                if code:
+                    r.error.code = code
+                    continue
                 if q.timestamp_ms == -2:
                     r.offset = 0
                 elif q.timestamp_ms == -1:

@@ -145,3 +145,20 @@ def test_a_deleted_topic_stops_poll(fake, topic):
         with pytest.raises(E.UnknownTopicOrPartitionError):
             for _ in range(3):
                 c.poll(500)
+
+
+def test_an_answer_without_hw_keeps_the_last_hw_and_latest_is_retried(fake, topic):
+    """KIP-207: a new leader reports no HW (-1) and answers ListOffsets latest with
+    OFFSET_NOT_AVAILABLE until its HW reaches its epoch start; the HW a consumer
+    sees never moves backwards and the latest offset is asked again."""
+    with replikafka.Consumer(fake.bootstrap) as c:
+        c.assign([(topic, 0)])
+        assert c.poll(2000).num_rows == 4 and c.highwater((topic, 0)) == 4
+        fake.topics[topic].partitions[0].hw_unknown = 1_000_000
+        fill(fake, topic, 0, [b"e"])
+        assert c.poll(200).num_rows == 0 and c.highwater((topic, 0)) == 4
+        fake.topics[topic].partitions[0].hw_unknown = 0
+        assert c.poll(2000).column("value").to_pylist() == [b"e"] and c.highwater((topic, 0)) == 5
+        fake.faults += [("ListOffsets", topic, 0, "OFFSET_NOT_AVAILABLE")] * 2
+        assert c.end_offsets([(topic, 0)]) == {(topic, 0): 5}
+        assert not fake.faults
