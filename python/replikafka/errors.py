@@ -215,6 +215,12 @@ class SslAuthenticationError(AuthenticationError):
     code = "SSL_AUTHENTICATION_FAILED"
 
 
+class CommandError(ReplikafkaError):
+    """A local command failed on this machine, not in a server (a process that
+    would not start, a cluster directory in use, a missing file)."""
+    code = "COMMAND_ERROR"
+
+
 class KafkaTimeoutError(ReplikafkaError):
     """The client gave up after retrying within its deadline."""
     code = "TIMEOUT"

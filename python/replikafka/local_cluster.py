@@ -18,7 +18,7 @@ import time
 
 from kazoo.client import KazooClient
 
-from replikafka.errors import ReplikafkaError
+from replikafka.errors import CommandError, ReplikafkaError
 from replikafka.zookeeper_server import ZooKeeperServer, free_port
 
 STATE_FILE = "cluster.json"
@@ -67,20 +67,28 @@ class LocalCluster:
         self.zookeeper_connect = zookeeper_connect or ""
         # Tests want their processes gone if the test run dies; `cluster start` does not.
         self.die_with_parent = die_with_parent
+        self._owns_state = False  # set by start(): only then may stop() remove the state file
 
     # ------------------------------------------------------------ start / stop
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "LocalCluster":
+        """Start ZooKeeper (unless external) and the brokers; refuses (with
+        :class:`CommandError`, touching nothing) a directory whose cluster is
+        running. The state file is written as each process starts, so ``stop``
+        reaches whatever a failed or interrupted start left running."""
         os.makedirs(self.base_dir, exist_ok=True)
+        refuse_if_running(self.base_dir)
+        self._owns_state = True
         if not self.external_zk:
             self.zk_server = ZooKeeperServer(port=free_port(), data_dir=os.path.join(self.base_dir, "zookeeper"),
                                              die_with_parent=self.die_with_parent)
             self.zk_server.start(timeout_s=timeout_s)
             self.zookeeper_connect = self.zk_server.connect_string
+            self._save_state()
         self.ports = dict(zip(self.ids, _free_ports(len(self.ids))))
         for bid in self.ids:
             self.start_broker(bid, wait=False)
-        self.wait_registered(self.ids, timeout_s)
         self._save_state()
+        self.wait_registered(self.ids, timeout_s)
         return self
 
     def properties_path(self, broker_id: int) -> str:
@@ -124,25 +132,38 @@ class LocalCluster:
             self._save_state()
 
     def wait_registered(self, ids, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait until each broker in ``ids`` is registered *by the process this
+        cluster started* (its port in the znode): an old broker's ephemeral
+        node, still there until its session expires, does not count."""
         zk = self.zk()
         try:
             deadline = time.time() + timeout_s
             while True:
                 live = set(zk.get_children("/brokers/ids")) if zk.exists("/brokers/ids") else set()
-                if {str(i) for i in ids} <= live:
+                if all(self._registered_by_us(zk, i) for i in ids):
                     return
                 for i in ids:
                     p = self.procs.get(i)
                     if p is not None and p.poll() is not None:
-                        raise ReplikafkaError(f"broker {i} exited with {p.returncode} during start-up; "
+                        raise CommandError(f"broker {i} exited with {p.returncode} during start-up; "
                                               f"see {self.log_path(i)}:\n{self.tail(i)}")
                 if time.time() > deadline:
-                    raise ReplikafkaError(f"brokers {sorted(ids)} did not register within {timeout_s:.0f}s; "
+                    raise CommandError(f"brokers {sorted(ids)} did not register within {timeout_s:.0f}s; "
                                           f"registered: {sorted(live)}")
                 time.sleep(0.05)
         finally:
             zk.stop()
             zk.close()
+
+    def _registered_by_us(self, zk: KazooClient, broker_id: int) -> bool:
+        p = self.procs.get(broker_id)
+        if p is None or p.poll() is not None:
+            return False
+        try:
+            data, _ = zk.get(f"/brokers/ids/{broker_id}")
+            return int(json.loads(data).get("port", -1)) == self.ports.get(broker_id)
+        except Exception:  # not there (yet), or not ours
+            return False
 
     def tail(self, broker_id: int, lines: int = 30) -> str:
         try:
@@ -196,10 +217,11 @@ class LocalCluster:
                 p.wait(5)
         if self.zk_server is not None:
             self.zk_server.stop()
-        try:
-            os.unlink(os.path.join(self.base_dir, STATE_FILE))
-        except FileNotFoundError:
-            pass
+        if self._owns_state:
+            try:
+                os.unlink(os.path.join(self.base_dir, STATE_FILE))
+            except FileNotFoundError:
+                pass
 
     def __enter__(self):
         return self.start()
@@ -234,7 +256,7 @@ class LocalCluster:
         state = {"zookeeper": self.zookeeper_connect,
                  "zookeeper_pid": self.zk_server.pid if self.zk_server else None,
                  "brokers": {str(b): {"pid": p.pid, "port": self.ports[b]} for b, p in self.procs.items()},
-                 "bootstrap_servers": self.bootstrap_servers}
+                 "bootstrap_servers": ",".join(f"127.0.0.1:{self.ports[b]}" for b in self.ids if b in self.ports)}
         with open(os.path.join(self.base_dir, STATE_FILE), "w") as f:
             json.dump(state, f, indent=1)
 
@@ -245,7 +267,28 @@ def load_state(base_dir: str) -> dict:
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise ReplikafkaError(f"no cluster is running in {base_dir} (no {STATE_FILE})") from None
+        raise CommandError(f"no cluster is running in {base_dir} (no {STATE_FILE})") from None
+
+
+def running_pids(state: dict) -> dict[str, int]:
+    """The processes of a cluster state that are still alive, by name."""
+    procs = {"zookeeper": state.get("zookeeper_pid")}
+    procs.update({f"broker {bid}": b.get("pid") for bid, b in state.get("brokers", {}).items()})
+    return {name: pid for name, pid in procs.items() if pid_alive(pid)}
+
+
+def refuse_if_running(base_dir: str) -> None:
+    """Raise :class:`CommandError` naming ``base_dir`` and its live processes
+    if a cluster started there is still running."""
+    try:
+        state = load_state(base_dir)
+    except (ReplikafkaError, ValueError):
+        return  # no state, or a torn one: nothing to protect
+    alive = running_pids(state)
+    if alive:
+        listed = ", ".join(f"{name} pid {pid}" for name, pid in alive.items())
+        raise CommandError(f"a cluster is already running in {os.path.abspath(base_dir)} ({listed}); "
+                           f"stop it first: replikafka cluster stop --dir {base_dir}")
 
 
 def pid_alive(pid: int | None) -> bool:

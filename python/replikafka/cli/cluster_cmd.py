@@ -6,7 +6,7 @@ import signal
 import sys
 import time
 
-from replikafka.errors import ReplikafkaError
+from replikafka.errors import InvalidConfigError, ReplikafkaError
 
 
 def add_parser(sub, name):
@@ -26,7 +26,7 @@ def run(args) -> int:
 
     if args.action == "start":
         if args.brokers < 1:
-            raise ReplikafkaError("--brokers must be at least 1")
+            raise InvalidConfigError(f"--brokers must be at least 1, got {args.brokers}")
         overrides = parse_overrides(args.override)
         cluster = LocalCluster(args.dir, args.brokers, zookeeper_connect=args.zookeeper, overrides=overrides)
         try:

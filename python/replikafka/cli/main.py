@@ -49,12 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from replikafka.errors import ReplikafkaError
+    from replikafka.errors import CommandError, ReplikafkaError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except CommandError as exc:  # local: no server error code to show
+        sys.stderr.write(f"replikafka {args.command}: {exc.message}\n")
+        return 1
     except ReplikafkaError as exc:
         sys.stderr.write(f"replikafka {args.command}: {exc}\n")
         return 1

@@ -136,7 +136,7 @@ class Admin:
         validate_topic_name(name)
         deadline = time.monotonic() + timeout_ms / 1000
         self._admin_call("DeleteTopic", pb.DeleteTopicRequest(name=name, timeout_ms=timeout_ms),
-                         deadline, f"delete topic {name!r}")
+                         deadline, f"delete topic {name!r}", final=(E.UnknownTopicOrPartitionError,))
         self._metadata.forget(name)
         self._await_everywhere(name, lambda t: t is None, deadline)
 
@@ -153,7 +153,7 @@ class Admin:
             before = 0
         self._admin_call("CreatePartitions",
                          pb.CreatePartitionsRequest(name=name, total_count=total, timeout_ms=timeout_ms),
-                         deadline, f"add partitions to {name!r}")
+                         deadline, f"add partitions to {name!r}", final=(E.UnknownTopicOrPartitionError,))
 
         def grown(t: pb.TopicMetadata | None) -> bool:  # the new partitions have leaders
             return (t is not None and len(t.partitions) >= total
@@ -246,10 +246,15 @@ class Admin:
                     out[(r.topic, r.partition)] = r
         return out
 
-    def _admin_call(self, method: str, request, deadline: float, what: str) -> None:
+    def _admin_call(self, method: str, request, deadline: float, what: str,
+                    final: tuple[type[E.ReplikafkaError], ...] = ()) -> None:
         """Send an admin request to some broker; retry retriable failures on
         the next broker until ``deadline``. A timeout is not retried (the change
-        may have happened)."""
+        may have happened), nor an error of a class in ``final`` (an answer for
+        this request, e.g. a missing topic for a delete, as Kafka's admin)."""
+        if self._metadata.version == 0:
+            # never reached the cluster: a wrong address fails in seconds, naming it
+            self._metadata.refresh(timeout_ms=int(max(deadline - time.monotonic(), 0.001) * 1000))
         backoff = self._backoff_s
         last: E.ReplikafkaError | None = None
         while True:
@@ -266,7 +271,7 @@ class Admin:
                     err = from_pb(response.error)
                     if err is None:
                         return
-                if isinstance(err, E.RequestTimedOutError) or not err.retriable:
+                if isinstance(err, (E.RequestTimedOutError, *final)) or not err.retriable:
                     raise annotated(err, what)
                 last = err
             remaining = deadline - time.monotonic()

@@ -25,6 +25,10 @@ from replikafka.records import KAFKA_SCHEMA, schema_from_bytes, stored_schema, t
 # A broker answers Metadata from its cache at once; one that does not within
 # this time is likely hung (e.g. stopped), so the next candidate is tried.
 METADATA_ATTEMPT_S = 5.0
+# Until some broker has answered once, a client stops trying after this long
+# (seconds): a wrong bootstrap address is reported at once, naming it, instead
+# of after the whole request timeout.
+BOOTSTRAP_UNREACHABLE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,10 @@ class ClusterMetadata:
         topics = list(topics)
         with self._lock:
             self._wanted.update(topics)
-        deadline = time.monotonic() + (self._request_timeout_s if timeout_ms is None else timeout_ms / 1000)
+        start = time.monotonic()
+        deadline = start + (self._request_timeout_s if timeout_ms is None else timeout_ms / 1000)
+        if self._version == 0:  # never reached the cluster: a wrong address fails fast
+            deadline = min(deadline, start + BOOTSTRAP_UNREACHABLE_S)
         with self._refresh_lock:
             if if_version is not None and self.version != if_version:
                 return
@@ -219,6 +226,10 @@ class ClusterMetadata:
                     return
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    if self._version == 0:
+                        raise E.BrokerNotAvailableError(
+                            f"could not reach any bootstrap server ({','.join(self._bootstrap)}) within "
+                            f"{time.monotonic() - start:.0f} s" + (f"; last error: {last}" if last else ""))
                     raise E.BrokerNotAvailableError(
                         f"no broker answered a metadata request (bootstrap {','.join(self._bootstrap)})"
                         + (f"; last error: {last}" if last else ""))
