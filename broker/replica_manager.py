@@ -116,14 +116,10 @@ class ReplicaManager:
                                 lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes LEADER epoch "
                                              f"{s.leader_epoch} isr {list(s.isr)} "
                                              f"(controller epoch {req.controller_epoch})")
-                        elif part.make_follower(s.leader, s.leader_epoch, s.isr, s.replicas, s.zk_version,
-                                                s.controller_epoch):
-                            follow[tp] = (s.leader, s.leader_epoch)
-                            if logging_on:
-                                lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes FOLLOWER of {s.leader} "
-                                             f"epoch {s.leader_epoch} (controller epoch {req.controller_epoch})")
-                        elif s.leader < 0:
-                            unfollow.append(tp)
+                        elif self._become_follower(part, s.leader, s.leader_epoch, s.isr, s.replicas, s.zk_version,
+                                                   s.controller_epoch, follow, unfollow) and logging_on:
+                            lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes FOLLOWER of {s.leader} "
+                                         f"epoch {s.leader_epoch} (controller epoch {req.controller_epoch})")
                     except E.ReplikafkaError as exc:
                         out.partitions.append(pb.PartitionError(topic=tp[0], partition=tp[1], error=to_pb(exc)))
             finally:  # the roles taken so far get their fetchers even if one partition failed oddly
@@ -134,6 +130,19 @@ class ReplicaManager:
         log.info("LeaderAndIsr from controller %d (epoch %d): %d partitions in %.3fs", req.controller_id,
                  req.controller_epoch, len(req.partitions), time.monotonic() - started)
         return out
+
+    def _become_follower(self, part: Partition, leader: int, leader_epoch: int, isr, replicas, zk_version: int,
+                         controller_epoch: int, follow: dict[TP, tuple[int, int]], unfollow: list[TP]) -> bool:
+        """The one way a partition becomes a follower (a LeaderAndIsr, or a leader that
+        found its state znode moved on): the role change and the fetcher change it needs
+        go together, added to ``follow`` / ``unfollow`` for the caller to apply. Returns
+        True when the role changed. Called under ``role_change_lock``."""
+        if part.make_follower(leader, leader_epoch, isr, replicas, zk_version, controller_epoch):
+            follow[part.tp] = (leader, leader_epoch)
+            return True
+        if leader < 0:
+            unfollow.append(part.tp)
+        return False
 
     def _get_or_create(self, tp: TP, info: pb.TopicInfo | None) -> Partition:
         with self.lock:
@@ -387,9 +396,7 @@ class ReplicaManager:
                         current[0].leader_epoch != part.leader_epoch:
                     log.warning("%s-%d: state znode moved on (now %s); this broker stops leading it",
                                 part.topic, part.partition, current and current[0])
-                    part.make_follower(current[0].leader if current else -1,
-                                       current[0].leader_epoch if current else part.leader_epoch + 1,
-                                       current[0].isr if current else (), part.replicas, -1, -1)
+                    self._demote_zombie(part, current)
                 else:
                     with part.lock:  # same epoch, stale version: learn it and retry next pass
                         part.zk_version, part.isr = current[1], current[0].isr
@@ -405,6 +412,23 @@ class ReplicaManager:
             self.store.notify_isr_change(changed)
             self.notify_data()
         return len(changed)
+
+    def _demote_zombie(self, part: Partition, current) -> None:
+        """A leader whose state znode names another leader (or none) follows what the
+        znode says, fetcher included: the controller's LeaderAndIsr for that same leader
+        and epoch is then a repeat that changes nothing, so this is the only chance to
+        start fetching (a follower without a fetcher never rejoins the ISR)."""
+        follow: dict[TP, tuple[int, int]] = {}
+        unfollow: list[TP] = []
+        with self.role_change_lock:
+            if current is None:
+                self._become_follower(part, -1, part.leader_epoch + 1, (), part.replicas, -1, -1, follow, unfollow)
+            else:
+                state, version = current
+                self._become_follower(part, state.leader, state.leader_epoch, state.isr, part.replicas, version,
+                                      state.controller_epoch, follow, unfollow)
+            self.fetchers.remove_partitions(unfollow)
+            self.fetchers.add_partitions(follow)
 
     def expire_producers(self) -> None:
         """Forget idempotent producers silent for producer.id.expiration.ms (bounds the state)."""
