@@ -1,7 +1,8 @@
 """Shared pytest set-up for the whole suite.
 
 Options and markers
-    ``--long`` runs the tests marked ``long`` (skipped otherwise). The markers
+    ``--long`` runs the tests marked ``long`` (skipped otherwise). ``--seed N`` runs
+    the deterministic simulation (``tests/sim``) for seed N only (a failure prints it). The markers
     ``long``, ``spark`` and ``integration`` are registered in pyproject.toml.
 
 ZooKeeper (a real server, never a mock; helpers in ``tests/zk_harness.py``)
@@ -25,6 +26,8 @@ import zk_harness
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true", default=False,
                      help="also run the long fault-injection and fuzz tests (marked long)")
+    parser.addoption("--seed", type=int, default=None,
+                     help="run the deterministic simulation (tests/sim) for this one seed only")
 
 
 def pytest_collection_modifyitems(config, items):
