@@ -793,8 +793,12 @@ class BrokerConfig:
         return name in self._explicit
 
     def advertised_endpoint(self) -> Endpoint:
-        """The first advertised gRPC listener (or the first listener when none is advertised)."""
-        return next(e for e in self.get("advertised.listeners") if e.protocol in GRPC_PROTOCOLS)
+        """The advertised listener of security.inter.broker.protocol (brokers and the controller
+        reach each other there; it is the registration's host and port), else the first gRPC one."""
+        advertised = self.get("advertised.listeners")
+        inter = self.get("security.inter.broker.protocol")
+        return next((e for e in advertised if e.protocol == inter), None) \
+            or next(e for e in advertised if e.protocol in GRPC_PROTOCOLS)
 
     def grpc_listeners(self) -> list[Endpoint]:
         """The gRPC listeners to bind, in configured order."""

@@ -304,7 +304,22 @@ class BrokerServicer:
         self.admin = broker.admin_manager
 
     def Metadata(self, request, ctx: RequestContext):
-        return self.broker.metadata.metadata_response(list(request.topics), request.all_topics)
+        """Lists only the topics the caller may Describe: a named topic it may not is
+        TOPIC_AUTHORIZATION_FAILED (whether or not it exists), others are left out."""
+        response = self.broker.metadata.metadata_response(list(request.topics), request.all_topics)
+        named = set(request.topics) if request.topics and not request.all_topics else set()
+        shown = []
+        for t in response.topics:
+            if ctx.allowed("Describe", ("Topic", t.name)):
+                shown.append(t)
+            elif t.name in named:
+                shown.append(pb.TopicMetadata(name=t.name, error=pb.Error(
+                    code=E.TopicAuthorizationFailedError.code,
+                    message=f"{ctx.principal} is not allowed Describe on Topic {t.name!r}")))
+        if len(shown) != len(response.topics) or any(a is not b for a, b in zip(shown, response.topics)):
+            del response.topics[:]
+            response.topics.extend(shown)
+        return response
 
     def Produce(self, request, ctx: RequestContext):
         return self.rm.produce(request)

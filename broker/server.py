@@ -32,7 +32,8 @@ from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGE
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.storage.fileio import atomic_write_bytes
 from replikafka.broker.storage.log_manager import LogManager
-from replikafka.broker.zk_store import ZkStore
+from replikafka.broker.security import BrokerSecurity
+from replikafka.broker.zk_store import PERSISTENT_PATHS, ZkStore
 from replikafka.protocol import replikafka_pb2_grpc as pbg
 
 log = logging.getLogger("replikafka.broker")
@@ -115,12 +116,16 @@ class BrokerServer:
     def start(self) -> None:
         cfg = self.config
         self._open_state_change_log()
+        self.security = BrokerSecurity(cfg)
         self.zk = KazooClient(hosts=cfg.get("zookeeper.connect"),
-                              timeout=cfg.get("zookeeper.session.timeout.ms") / 1000.0)
+                              timeout=cfg.get("zookeeper.session.timeout.ms") / 1000.0, **self.security.zk_kwargs)
         self.zk.start(timeout=cfg.get("zookeeper.connection.timeout.ms") / 1000.0)
         self.zk.add_listener(self._on_zk_state)
         self.store = ZkStore(self.zk)
         self.store.ensure_paths()
+        self.security.start(self.zk, PERSISTENT_PATHS)
+        self.request_gate = self.security
+        self.channel_credentials = self.security.channel_credentials()
         self.log_manager = LogManager(list(cfg.get("log.dirs")), log_config_for_topic(cfg, {}),
                                       topic_config=self._topic_log_config, topic_schema=self._topic_schema,
                                       clock=self.clock)
@@ -232,10 +237,8 @@ class BrokerServer:
         self.endpoint = self._advertised(self.config.advertised_endpoint())
 
     def server_credentials(self, listener: Endpoint) -> grpc.ServerCredentials:
-        """TLS credentials for an SSL / SASL_SSL listener (set by security)."""
-        from replikafka.errors import InvalidConfigError
-        raise InvalidConfigError(f"listeners: {listener.protocol} listener {listener} needs TLS, "
-                                 f"which this broker is not configured for")
+        """TLS credentials for an SSL / SASL_SSL listener."""
+        return self.security.server_credentials(listener)
 
     def _advertised(self, endpoint: Endpoint) -> Endpoint:
         """An advertised endpoint with a bound port filled in where the listener asked for port 0."""

@@ -54,7 +54,7 @@ def _free_ports(n: int) -> list[int]:
 class LocalCluster:
     def __init__(self, base_dir: str, brokers: int = 3, *, zookeeper_connect: str | None = None,
                  overrides: dict[str, str] | None = None, broker_overrides: dict[int, dict[str, str]] | None = None,
-                 first_broker_id: int = 1, die_with_parent: bool = False):
+                 first_broker_id: int = 1, die_with_parent: bool = False, security=None):
         self.base_dir = os.path.abspath(base_dir)
         self.n = brokers
         self.external_zk = zookeeper_connect
@@ -62,7 +62,11 @@ class LocalCluster:
         self.overrides = {**LOCAL_DEFAULTS, **(overrides or {})}
         self.broker_overrides = broker_overrides or {}
         self.ids = list(range(first_broker_id, first_broker_id + brokers))
-        self.ports: dict[int, int] = {}
+        self.ports: dict[int, int] = {}          # broker -> port of its first listener (bootstrap)
+        # A SecureSetup (replikafka.security.local_setup): SSL + SASL_SSL listeners, ACLs, ZooKeeper ACLs.
+        self.security = security
+        self.protocols = ("SSL", "SASL_SSL") if security is not None else ("PLAINTEXT",)
+        self.listener_ports: dict[int, dict[str, int]] = {}
         self.procs: dict[int, subprocess.Popen] = {}
         self.zookeeper_connect = zookeeper_connect or ""
         # Tests want their processes gone if the test run dies; `cluster start` does not.
@@ -84,7 +88,16 @@ class LocalCluster:
             self.zk_server.start(timeout_s=timeout_s)
             self.zookeeper_connect = self.zk_server.connect_string
             self._save_state()
-        self.ports = dict(zip(self.ids, _free_ports(len(self.ids))))
+        if self.security is not None:
+            zk = self.zk(digest=self.security.zk_digest)
+            try:
+                self.security.prepare_zookeeper(zk)
+            finally:
+                zk.stop()
+                zk.close()
+        ports = iter(_free_ports(len(self.ids) * len(self.protocols)))
+        self.listener_ports = {b: {proto: next(ports) for proto in self.protocols} for b in self.ids}
+        self.ports = {b: self.listener_ports[b][self.protocols[0]] for b in self.ids}
         for bid in self.ids:
             self.start_broker(bid, wait=False)
         self._save_state()
@@ -100,7 +113,9 @@ class LocalCluster:
     def _write_properties(self, broker_id: int) -> str:
         props = {
             "broker.id": str(broker_id),
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.ports[broker_id]}",
+            "listeners": ",".join(f"{proto}://127.0.0.1:{port}"
+                                  for proto, port in self.listener_ports[broker_id].items()),
+            **(self.security.broker_overrides() if self.security is not None else {}),
             "log.dirs": os.path.join(self.base_dir, f"broker-{broker_id}-logs"),
             "zookeeper.connect": self.zookeeper_connect,
             **self.overrides,
@@ -237,8 +252,15 @@ class LocalCluster:
     def address(self, broker_id: int) -> str:
         return f"127.0.0.1:{self.ports[broker_id]}"
 
-    def zk(self) -> KazooClient:
-        zk = KazooClient(hosts=self.zookeeper_connect, timeout=10)
+    def bootstrap_for(self, protocol: str) -> str:
+        """Bootstrap servers of the ``protocol`` listeners (e.g. ``"SASL_SSL"``)."""
+        return ",".join(f"127.0.0.1:{self.listener_ports[b][protocol]}" for b in self.ids)
+
+    def zk(self, digest: tuple[str, str] | None = None) -> KazooClient:
+        """A started ZooKeeper client (anonymous, or as the digest user: needed to write on a secure cluster)."""
+        from replikafka.security.zk_security import kazoo_security
+        extra = kazoo_security(*digest, set_acl=True) if digest else {}
+        zk = KazooClient(hosts=self.zookeeper_connect, timeout=10, **extra)
         zk.start(timeout=15)
         return zk
 
@@ -255,7 +277,8 @@ class LocalCluster:
     def _save_state(self) -> None:
         state = {"zookeeper": self.zookeeper_connect,
                  "zookeeper_pid": self.zk_server.pid if self.zk_server else None,
-                 "brokers": {str(b): {"pid": p.pid, "port": self.ports[b]} for b, p in self.procs.items()},
+                 "brokers": {str(b): {"pid": p.pid, "port": self.ports[b], "listeners": self.listener_ports.get(b, {})}
+                             for b, p in self.procs.items()},
                  "bootstrap_servers": ",".join(f"127.0.0.1:{self.ports[b]}" for b in self.ids if b in self.ports)}
         with open(os.path.join(self.base_dir, STATE_FILE), "w") as f:
             json.dump(state, f, indent=1)

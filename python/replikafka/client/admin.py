@@ -97,11 +97,12 @@ class Admin:
 
     @accepts_config_dict("Admin", ADMIN_KEYS)
     def __init__(self, bootstrap_servers: str | Iterable[str], *, request_timeout_ms: int = 30_000,
-                 retry_backoff_ms: int = 100):
+                 retry_backoff_ms: int = 100,
+                 security: Any = None):
         self._bootstrap = parse_bootstrap(bootstrap_servers)
         self._request_timeout_ms = request_timeout_ms
         self._backoff_s = retry_backoff_ms / 1000
-        self._pool = ConnectionPool()
+        self._pool = ConnectionPool(security=security)
         self._metadata = ClusterMetadata(self._pool, self._bootstrap, request_timeout_ms=request_timeout_ms,
                                          retry_backoff_ms=retry_backoff_ms)
 

@@ -85,6 +85,11 @@ CONSUMER_KEYS: dict[str, tuple[str, Converter]] = {
 }
 ADMIN_KEYS: dict[str, tuple[str, Converter]] = dict(_COMMON)
 
+# librdkafka's security keys: every client passes them on as its ``security`` dict.
+SECURITY_KEYS = frozenset({"security.protocol", "ssl.ca.location", "ssl.certificate.location",
+                           "ssl.key.location", "ssl.key.password", "sasl.mechanism", "sasl.username",
+                           "sasl.password"})
+
 # Kafka's own client keys (producer, consumer, admin: the names in Kafka's
 # ProducerConfig / ConsumerConfig / AdminClientConfig / CommonClientConfigs)
 # that have no meaning here: accepted, listed once as ignored.
@@ -122,6 +127,8 @@ def kwargs_from_config(client: str, config: Mapping[str, Any], table: Mapping[st
         if key in table:
             name, convert = table[key]
             out[name] = convert(key, value)
+        elif key in SECURITY_KEYS or key.startswith(("ssl.", "sasl.")):
+            out.setdefault("security", {})[key] = value   # checked by ClientSecurity.from_config
         elif key in KAFKA_CLIENT_KEYS_IGNORED:
             ignored.append(key)
         else:

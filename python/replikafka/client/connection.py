@@ -8,6 +8,7 @@ out as an exception of :mod:`replikafka.errors`, never as ``grpc.RpcError``.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Iterable
 
 import grpc
@@ -17,6 +18,7 @@ from replikafka.protocol import replikafka_pb2_grpc as pb_grpc
 from replikafka.protocol.rpc_errors import from_rpc_error
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+DIAGNOSIS_TTL_S = 5.0   # a TLS diagnosis of a broker is reused this long (it costs a handshake)
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -95,9 +97,16 @@ class ConnectionPool:
     """One gRPC channel per broker address, shared by all threads of a client."""
 
     def __init__(self, options: list[tuple[str, Any]] | None = None,
-                 credentials: grpc.ChannelCredentials | None = None):
+                 credentials: grpc.ChannelCredentials | None = None, security: Any = None):
+        """``security``: librdkafka-style keys (``security.protocol``, ``ssl.*``, ``sasl.*``) or a
+        :class:`~replikafka.security.tls.ClientSecurity`; ``credentials``: ready gRPC credentials
+        (brokers' own inter-broker channels). Neither: plaintext."""
+        from replikafka.security.tls import ClientSecurity
+        self.security = security if isinstance(security, ClientSecurity) else ClientSecurity.from_config(security)
+        self.protocol = self.security.protocol      # the listener this client uses on every broker
         self._options = list(options or [])
-        self._credentials = credentials
+        self._credentials = credentials if credentials is not None else self.security.channel_credentials()
+        self._diagnosed: dict[str, tuple[float, str | None]] = {}
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[grpc.Channel, pb_grpc.ReplikafkaStub]] = {}
         self._raw: dict[tuple[str, str], Any] = {}
@@ -120,7 +129,21 @@ class ConnectionPool:
         try:
             return fn(request, timeout=max(timeout_s, 0.001))
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc, target) from None
+            raise self._explained(from_rpc_error(exc, target), target) from None
+
+    def _explained(self, err: E.ReplikafkaError, target: str) -> E.ReplikafkaError:
+        """A transport failure that is really a TLS problem (untrusted or expired certificate,
+        TLS spoken to a plaintext port or the reverse) becomes a non-retriable
+        SSL_AUTHENTICATION_FAILED naming the cause; anything else is returned as is."""
+        if not (isinstance(err, E.BrokerNotAvailableError) and err.message.startswith("broker unavailable")):
+            return err
+        from replikafka.security.tls import diagnose
+        now = time.monotonic()
+        when, cause = self._diagnosed.get(target, (-DIAGNOSIS_TTL_S, None))
+        if now - when >= DIAGNOSIS_TTL_S:
+            cause = diagnose(target, self.security)
+            self._diagnosed[target] = (now, cause)
+        return E.SslAuthenticationError(cause) if cause else err
 
     def call_bytes(self, target: str, path: str, request: bytes, response_parser, timeout_s: float):
         """Blocking unary call of ``path`` with an already serialized request."""
@@ -133,7 +156,7 @@ class ConnectionPool:
         try:
             return fn(request, timeout=max(timeout_s, 0.001))
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc, target) from None
+            raise self._explained(from_rpc_error(exc, target), target) from None
 
     def call_async(self, target: str, method: str, request, timeout_s: float) -> grpc.Future:
         """Starts a unary call and returns its grpc future; read it with :func:`result_of`."""

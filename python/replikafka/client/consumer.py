@@ -103,7 +103,8 @@ class Consumer:
     def __init__(self, bootstrap_servers: str | Iterable[str], columns: Iterable[str] | None = None,
                  fetch_max_bytes: int = 52_428_800, max_partition_fetch_bytes: int = 4 * 1024 * 1024,
                  fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1, auto_offset_reset: str = "earliest",
-                 request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100):
+                 request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100,
+                 security: Any = None):
         if auto_offset_reset not in _RESET_POLICIES:
             raise E.InvalidConfigError(
                 f"auto_offset_reset must be one of {', '.join(_RESET_POLICIES)}, got {auto_offset_reset!r}")
@@ -121,7 +122,7 @@ class Consumer:
         self._reset = auto_offset_reset
         self._request_timeout_ms = request_timeout_ms
         self._backoff_ms = retry_backoff_ms
-        self._pool = ConnectionPool()
+        self._pool = ConnectionPool(security=security)
         self._metadata = ClusterMetadata(self._pool, parse_bootstrap(bootstrap_servers),
                                          request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms)
         self._positions: dict[TopicPartition, int | None] = {}

@@ -48,6 +48,19 @@ class BrokerInfo:
         return next((e[len(prefix):] for e in self.endpoints if e.upper().startswith(prefix)), None)
 
 
+def _broker_for(b: pb.BrokerEndpoint, protocol: str) -> BrokerInfo:
+    """The broker as this client reaches it: through its listener of the client's
+    security protocol when it publishes one (as a Kafka client uses the listener it
+    bootstrapped on), else the registration's address."""
+    info = BrokerInfo(b.id, b.host, b.port, tuple(b.endpoints))
+    address = info.listener(protocol)
+    if address:
+        host, _, port = address.rpartition(":")
+        if port.isdigit():
+            return BrokerInfo(b.id, host.strip("[]"), int(port), info.endpoints)
+    return info
+
+
 @dataclass(frozen=True)
 class PartitionInfo:
     """One partition as the metadata cache knows it (``leader`` -1: offline)."""
@@ -159,12 +172,13 @@ class ClusterMetadata:
         """The topic, refreshing once if it is not cached; raises
         :class:`UnknownTopicOrPartitionError` if the cluster does not know it."""
         t = self.topic(name)
-        if t is not None:
-            return t
-        self.refresh([name], timeout_ms=timeout_ms)
-        t = self.topic(name)
+        if t is None:
+            self.refresh([name], timeout_ms=timeout_ms)
+            t = self.topic(name)
         if t is None:
             raise E.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        if isinstance(t.error, E.AuthorizationError):
+            raise t.error   # TOPIC_AUTHORIZATION_FAILED: not allowed to Describe it
         return t
 
     def candidates(self) -> list[str]:
@@ -215,6 +229,8 @@ class ClusterMetadata:
                     try:
                         response = self._pool.call(target, "Metadata", request,
                                                    min(remaining, self._request_timeout_s, METADATA_ATTEMPT_S))
+                    except E.AuthenticationError:
+                        raise   # wrong credentials or certificates: retrying cannot help
                     except E.ReplikafkaError as exc:
                         last = exc
                         continue
@@ -237,7 +253,7 @@ class ClusterMetadata:
                 backoff = min(backoff * 2, 1.0)
 
     def _apply(self, response: pb.MetadataResponse, request: pb.MetadataRequest) -> None:
-        brokers = {b.id: BrokerInfo(b.id, b.host, b.port, tuple(b.endpoints)) for b in response.brokers}
+        brokers = {b.id: _broker_for(b, getattr(self._pool, "protocol", "PLAINTEXT")) for b in response.brokers}
         fresh: dict[str, TopicInfo] = {}
         unknown: set[str] = set()
         for t in response.topics:

@@ -119,7 +119,8 @@ class Producer:
                  linger_ms: float = 5, batch_size: int = 1024 * 1024, delivery_timeout_ms: int = 120_000,
                  request_timeout_ms: int = 30_000, max_in_flight: int = 5, retry_backoff_ms: int = 100,
                  buffer_memory: int = 64 * 1024 * 1024, max_block_ms: int = 60_000,
-                 max_request_size: int | None = None):
+                 max_request_size: int | None = None,
+                 security: Any = None):
         self._acks = parse_acks(acks)
         for name, v in (("batch_size", batch_size), ("max_in_flight", max_in_flight),
                         ("buffer_memory", buffer_memory), ("request_timeout_ms", request_timeout_ms),
@@ -136,7 +137,7 @@ class Producer:
         self._buffer_memory = buffer_memory
         self._max_block_s = max_block_ms / 1000
         self._max_request_size = max_request_size
-        self._pool = ConnectionPool()
+        self._pool = ConnectionPool(security=security)
         self._metadata = ClusterMetadata(self._pool, self._bootstrap, request_timeout_ms=request_timeout_ms,
                                          retry_backoff_ms=retry_backoff_ms)
         self._acc = Accumulator(batch_size=batch_size, linger_s=linger_ms / 1000, max_in_flight=max_in_flight,

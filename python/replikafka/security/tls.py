@@ -279,7 +279,12 @@ def diagnose(target: str, security: ClientSecurity) -> str | None:
                 tls.settimeout(0.5)
                 try:
                     tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-                    tls.recv(1)
+                    if tls.recv(1) == b"":   # TLS 1.3: the server checks our certificate after the handshake
+                        if security.certificate:
+                            return (f"the broker at {target} does not trust our client certificate "
+                                    f"(ssl.certificate.location is not signed by a CA it trusts, or has expired)")
+                        return (f"the broker at {target} requires a client certificate "
+                                f"(set ssl.certificate.location and ssl.key.location)")
                 except ssl.SSLError as exc:
                     if "CERTIFICATE_REQUIRED" in exc.reason or "certificate required" in str(exc):
                         return (f"the broker at {target} requires a client certificate "
