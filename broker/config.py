@@ -566,6 +566,24 @@ def _unknown_key(name: str, table: Mapping[str, ConfigKey], what: str, where: st
 
 
 # --------------------------------------------------------------------------
+# Kafka compatibility: a Kafka server.properties loads (broker/kafka_compat.py)
+# --------------------------------------------------------------------------
+def _kafka_keys_ignored(raw: Mapping[str, Any]) -> list[str]:
+    """Keys of ``raw`` that are Kafka's own broker keys but not replikafka's:
+    accepted and ignored (the broker warns once, listing them)."""
+    from replikafka.broker.kafka_compat import split_kafka_keys
+
+    return split_kafka_keys(raw, BROKER_KEYS)[0]
+
+
+def kafka_keys_honoured() -> list[str]:
+    """Kafka's broker keys that replikafka implements (for the README)."""
+    from replikafka.broker.kafka_compat import KAFKA_BROKER_KEYS
+
+    return sorted(k for k in BROKER_KEYS if k in KAFKA_BROKER_KEYS)
+
+
+# --------------------------------------------------------------------------
 # Properties files and overrides
 # --------------------------------------------------------------------------
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
@@ -721,6 +739,8 @@ class BrokerConfig:
         self._values = dict(values)
         self._explicit = frozenset(explicit)
         self.source = source
+        # Kafka's own keys that were set but mean nothing here (logged once as ignored)
+        self.ignored_kafka_keys: tuple[str, ...] = ()
 
     # ---- construction -----------------------------------------------------
     @classmethod
@@ -743,7 +763,10 @@ class BrokerConfig:
     @classmethod
     def _build(cls, raw: Mapping[str, tuple[Any, str]], source: str) -> "BrokerConfig":
         values = dict(_DEFAULTS)
+        ignored = _kafka_keys_ignored(raw)
         for name, (value, where) in raw.items():
+            if name in ignored:
+                continue
             key = BROKER_KEYS.get(name)
             if key is None:
                 raise _unknown_key(name, BROKER_KEYS, "broker", where)
@@ -756,7 +779,9 @@ class BrokerConfig:
                 + f" ({'; '.join(BROKER_KEYS[m].doc for m in missing)})"
             )
         _cross_check(values)
-        return cls(values, explicit=raw.keys(), source=source)
+        cfg = cls(values, explicit=[k for k in raw if k not in ignored], source=source)
+        cfg.ignored_kafka_keys = tuple(ignored)
+        return cfg
 
     def with_overrides(self, overrides: Iterable[str] | Mapping[str, Any]) -> "BrokerConfig":
         """A new config with ``key=value`` strings (or a mapping) applied on top of this one."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from concurrent import futures
@@ -31,6 +32,7 @@ from replikafka.broker.rpc_server import BrokerServicer, NoObserver, OpenGate, R
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.storage.fileio import atomic_write_bytes
+from replikafka.broker.startup_failure import check_port_free, startup_failure_line
 from replikafka.broker.storage.log_manager import LogManager
 from replikafka.broker.security import BrokerSecurity
 from replikafka.broker.zk_store import PERSISTENT_PATHS, ZkStore
@@ -224,6 +226,7 @@ class BrokerServer:
             pipeline = RpcPipeline(servicer, listener.protocol, self.request_gate, self.request_observer)
             server.add_generic_rpc_handlers((pipeline.handler(),))
             address = f"{listener.host}:{listener.port}"
+            check_port_free(listener.host, listener.port, f"listeners ({listener})")
             if listener.protocol == "PLAINTEXT":
                 port = server.add_insecure_port(address)
             else:
@@ -360,10 +363,31 @@ def run_broker(config: BrokerConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server.start()
+    try:
+        server.start()
+    except Exception as exc:
+        _exit_after_failed_start(server, exc)
     print(f"replikafka broker {server.broker_id} started on {server.endpoint.host}:{server.endpoint.port} "
           f"(pid {os.getpid()})", flush=True)
     while not done.wait(1.0):
         pass
     server.stop()
     return 0
+
+
+def _exit_after_failed_start(server: BrokerServer, exc: BaseException) -> None:
+    """One line naming the cause, then exit at once: threads a half-done start
+    left running (gRPC, kazoo) must not keep the process alive."""
+    line = startup_failure_line(exc, server.config)
+    log.debug("start-up failed", exc_info=exc)
+    sys.stderr.write(f"replikafka broker {server.broker_id}: could not start: {line}\n")
+    sys.stderr.flush()
+    for grpc_server in server.grpc_servers:
+        grpc_server.stop(grace=0)
+    if server.zk is not None:
+        try:  # our registration (if made) goes now, not at session expiry
+            server.zk.stop()
+            server.zk.close()
+        except Exception:
+            pass
+    os._exit(1)

@@ -84,6 +84,15 @@ def state_path(topic: str, partition: int) -> str:
     return f"{BROKER_TOPICS}/{topic}/partitions/{partition}/state"
 
 
+def _registered_address(data: bytes) -> tuple[str, int] | None:
+    """(host, port) of a ``/brokers/ids/[id]`` value, None if it does not parse."""
+    try:
+        d = json.loads(data)
+        return str(d["host"]), int(d["port"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class ZkStore:
     def __init__(self, zk: KazooClient):
         self.zk = zk
@@ -112,17 +121,21 @@ class ZkStore:
                 return self.zk.exists(path).czxid
             except NodeExistsError:
                 try:
-                    _, stat = self.zk.get(path)
+                    held, stat = self.zk.get(path)
                 except NoNodeError:
                     continue
                 if stat.ephemeralOwner == self.zk.client_id[0]:
                     self.zk.set(path, data)
                     return stat.czxid
-                if time.monotonic() >= deadline:
+                holder = _registered_address(held)
+                # We hold our own port now, so a node naming it is our previous incarnation's
+                # (gone when its session expires); a node naming another address is a live broker.
+                if holder != (host, port) or time.monotonic() >= deadline:
                     from replikafka.errors import InvalidConfigError
+                    where = f" by a broker at {holder[0]}:{holder[1]}" if holder else " by another session"
                     raise InvalidConfigError(
-                        f"broker.id={broker_id} is already registered in ZooKeeper by another session "
-                        f"(another live broker with this id?)") from None
+                        f"broker.id={broker_id} is already registered in ZooKeeper{where} "
+                        f"(two brokers with one broker.id?)") from None
                 time.sleep(0.2)
 
     def live_brokers(self, watch=None, epochs: dict[int, int] | None = None,

@@ -433,3 +433,29 @@ def test_reference_markdown_lists_every_key_once():
         assert row.replace("\\|", "").count("|") == 6, row
     assert "| `broker.id` | *(required)* |" in md
     assert "| `replica.lag.time.max.ms` | `30000` | ms |" in md
+
+
+def test_kafka_keys_that_do_not_apply_are_ignored_and_others_still_refused():
+    from replikafka.broker.config import BrokerConfig, kafka_keys_honoured
+    from replikafka.errors import InvalidConfigError
+
+    base = {"broker.id": 1, "log.dirs": "/tmp/x", "zookeeper.connect": "127.0.0.1:2181"}
+    cfg = BrokerConfig.from_dict({**base, "num.network.threads": 3, "log.cleaner.enable": "true",
+                                  "offsets.topic.replication.factor": 1, "socket.send.buffer.bytes": 1})
+    assert cfg.ignored_kafka_keys == ("log.cleaner.enable", "num.network.threads",
+                                      "offsets.topic.replication.factor", "socket.send.buffer.bytes")
+    assert cfg.with_overrides(["num.replica.fetchers=2"]).get("num.replica.fetchers") == 2
+    with pytest.raises(InvalidConfigError, match="did you mean num.network.threads|did you mean num.io.threads"):
+        BrokerConfig.from_dict({**base, "num.netwrk.threads": 3})
+    honoured = kafka_keys_honoured()
+    assert "replica.lag.time.max.ms" in honoured and "num.network.threads" not in honoured
+
+
+def test_the_readme_lists_every_kafka_key_honoured():
+    from pathlib import Path
+
+    from replikafka.broker.config import kafka_keys_honoured
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [k for k in kafka_keys_honoured() if f"`{k}`" not in readme]
+    assert not missing, f"README's Configuration section does not list {missing}"

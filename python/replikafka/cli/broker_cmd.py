@@ -1,6 +1,7 @@
 """`replikafka broker conf/server.properties [--override key=value ...]`."""
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 
@@ -10,8 +11,21 @@ def add_parser(sub, name):
     p.add_argument("config", help="server.properties file")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the properties file (repeatable)")
-    p.add_argument("--log-level", default=os.environ.get("REPLIKAFKA_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=os.environ.get("REPLIKAFKA_LOG_LEVEL", "INFO"), type=_log_level,
+                   help=f"one of {', '.join(LOG_LEVELS)} (default INFO, or $REPLIKAFKA_LOG_LEVEL)")
     p.set_defaults(func=run)
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    level = str(text).strip().upper()
+    if level == "WARN":
+        level = "WARNING"
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level (use {', '.join(LOG_LEVELS)})")
+    return level
 
 
 def _die_with_parent() -> None:
@@ -33,7 +47,10 @@ def run(args) -> int:
 
     _die_with_parent()
     config = BrokerConfig.load(args.config, args.override)  # a bad key stops us here, named
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+    logging.basicConfig(level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    if config.ignored_kafka_keys:
+        logging.getLogger("replikafka.broker").warning(
+            "ignoring Kafka config keys that do not apply to replikafka: %s", ", ".join(config.ignored_kafka_keys))
     return run_broker(config)
