@@ -117,6 +117,11 @@ class BrokerSecurity:
         self.authorizer: Authorizer | None = None
 
     @property
+    def tls(self) -> bool:
+        """This broker has TLS listeners (and so serves Flight over TLS too)."""
+        return any(e.protocol in tls.TLS_PROTOCOLS for e in self.config.get("listeners"))
+
+    @property
     def enabled(self) -> bool:
         """Anything beyond plaintext, anonymous, allow-all."""
         return (self.authorizer_enabled or any(e.protocol in tls.TLS_PROTOCOLS for e in self.config.get("listeners"))
@@ -159,6 +164,11 @@ class BrokerSecurity:
         if token is None:
             raise E.SaslAuthenticationFailedError("a SASL_SSL listener needs a username and password with every "
                                                   "request (security.protocol=SASL_SSL, sasl.username, sasl.password)")
+        return self.sasl_principal(token)
+
+    def sasl_principal(self, token: str) -> str:
+        """``User:<name>`` for an ``authorization`` value whose password matches the user's
+        SCRAM credential; SASL_AUTHENTICATION_FAILED otherwise (also used by Flight)."""
         mechanism, user, password = tls.decode_sasl_token(token)
         if mechanism not in self.mechanisms:
             raise E.SaslAuthenticationFailedError(f"sasl.mechanism {mechanism} is not enabled on this broker "

@@ -227,6 +227,26 @@ class ClientSecurity:
             return grpc.insecure_channel(target, options=options)
         return grpc.secure_channel(target, creds, options=options)
 
+    def flight_client_options(self) -> dict:
+        """Keyword arguments for ``pyarrow.flight.FlightClient`` (TLS roots, client certificate)
+        and the scheme to use: ``{"scheme": "grpc+tls", "tls_root_certs": ..., ...}``."""
+        if not self.tls:
+            return {"scheme": "grpc+tcp"}
+        out: dict = {"scheme": "grpc+tls"}
+        if self.ca:
+            out["tls_root_certs"] = _read(self.ca, "ssl.ca.location")
+        if self.certificate:
+            out["cert_chain"] = _read(self.certificate, "ssl.certificate.location")
+            out["private_key"] = _key_bytes(self.key, self.key_password)
+        return out
+
+    def flight_headers(self) -> list[tuple[bytes, bytes]]:
+        """Headers every Flight call carries (SASL_SSL: the credentials, sent only over TLS)."""
+        if self.protocol != "SASL_SSL":
+            return []
+        token = encode_sasl_token(self.sasl_mechanism, self.sasl_username, self.sasl_password)
+        return [(b"authorization", f"Bearer {token}".encode())]
+
     def redacted(self) -> dict[str, str]:
         """The settings with secrets masked (for logs and plan strings)."""
         return {"security.protocol": self.protocol, "ssl.ca.location": self.ca,
