@@ -1,4 +1,8 @@
-"""`replikafka cluster start --brokers N --dir D [--zookeeper H:P]` / `stop --dir D` / `status --dir D`."""
+"""`replikafka cluster start --brokers N --dir D [--zookeeper H:P] [--secure]` / `stop --dir D` / `status --dir D`.
+
+``--secure`` makes a throwaway CA and certificates in ``D/pki``, starts every
+broker with an SSL (mTLS) and a SASL_SSL listener, ACLs and ZooKeeper ACLs
+(replikafka.security.local_setup), and prints the client config to use."""
 from __future__ import annotations
 
 import os
@@ -17,6 +21,8 @@ def add_parser(sub, name):
     p.add_argument("--zookeeper", default=None, help="use this ZooKeeper instead of an embedded one")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="broker config for every broker (repeatable)")
+    p.add_argument("--secure", action="store_true",
+                   help="start: TLS listeners (SSL + SASL_SSL), ACLs, ZooKeeper ACLs, with throwaway certificates")
     p.set_defaults(func=run)
 
 
@@ -28,7 +34,12 @@ def run(args) -> int:
         if args.brokers < 1:
             raise InvalidConfigError(f"--brokers must be at least 1, got {args.brokers}")
         overrides = parse_overrides(args.override)
-        cluster = LocalCluster(args.dir, args.brokers, zookeeper_connect=args.zookeeper, overrides=overrides)
+        security = None
+        if args.secure:
+            from replikafka.security.local_setup import SecureSetup
+            security = SecureSetup(os.path.join(os.path.abspath(args.dir), "pki"))
+        cluster = LocalCluster(args.dir, args.brokers, zookeeper_connect=args.zookeeper, overrides=overrides,
+                               security=security)
         try:
             cluster.start()
         except BaseException:
@@ -37,6 +48,8 @@ def run(args) -> int:
         # Detach: the processes outlive this command (they run in their own sessions).
         print(f"zookeeper: {cluster.zookeeper_connect}")
         print(f"bootstrap servers: {cluster.bootstrap_servers}")
+        if security is not None:
+            _print_secure(cluster, security)
         sys.stdout.flush()
         os._exit(0)
     state = load_state(args.dir)
@@ -63,6 +76,23 @@ def run(args) -> int:
     os.unlink(os.path.join(args.dir, "cluster.json"))
     print("cluster stopped")
     return 0
+
+
+def _print_secure(cluster, security) -> None:
+    files = security.write_client_properties()
+    user, password = security.zk_digest
+    print(f"SSL (mTLS) bootstrap servers: {cluster.bootstrap_for('SSL')}")
+    print(f"SASL_SSL bootstrap servers: {cluster.bootstrap_for('SASL_SSL')}")
+    print("super user User:admin; everyone else needs ACLs (replikafka acls)")
+    print(f"client config as admin over SSL (certificate): {files['SSL']}")
+    print(f"client config as admin over SASL_SSL (password): {files['SASL_SSL']}")
+    for k, v in security.client_config("admin", "SSL").items():
+        print(f"    {k}={v}")
+    print("  use it with: replikafka topics --bootstrap-server "
+          f"{cluster.bootstrap_for('SSL').split(',')[0]} --command-config {files['SSL']} --list")
+    print(f"  in Python: replikafka.Admin({{'bootstrap.servers': ..., **properties}})")
+    print(f"ZooKeeper is secured (zookeeper.set.acl=true); for acls/configs/--zookeeper tools: "
+          f"export REPLIKAFKA_ZK_DIGEST={user}:$(cat {security.zk_digest_file()})")
 
 
 def _wait_gone(pids, timeout_s):

@@ -21,6 +21,7 @@ import sys
 import time
 
 from replikafka.cli.console_producer_cmd import parse_properties
+from replikafka.cli import command_config
 
 _PROPERTIES = {"print.key", "print.value", "print.offset", "print.partition", "print.timestamp",
                "key.separator", "line.separator"}
@@ -30,6 +31,7 @@ def add_parser(sub, name):
     p = sub.add_parser(name, help="print the committed records of a topic")
     p.add_argument("--bootstrap-server", dest="bootstrap_server", metavar="H:P",
                    help="brokers to connect to (comma-separated)")
+    command_config.add_argument(p)
     p.add_argument("--topic", help="the topic to read")
     p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
     p.add_argument("--partition", type=int, help="read only this partition")
@@ -78,7 +80,7 @@ def run(args) -> int:
 
     formatter = Formatter(props)
     count = 0
-    with Consumer(args.bootstrap_server) as consumer:
+    with Consumer(args.bootstrap_server, security=command_config.security_of(args)) as consumer:
         partitions = consumer.partitions_for(args.topic)
         if args.partition is not None:
             if args.partition not in partitions:

@@ -17,6 +17,7 @@ import sys
 import pyarrow as pa
 
 from replikafka import errors as E
+from replikafka.cli import command_config
 
 _READ_BYTES = 1 << 20
 _PROPERTIES = {"parse.key", "key.separator", "ignore.error"}
@@ -26,6 +27,7 @@ def add_parser(sub, name):
     p = sub.add_parser(name, help="produce stdin lines to a topic")
     p.add_argument("--bootstrap-server", "--broker-list", dest="bootstrap_server", metavar="H:P",
                    help="brokers to connect to (comma-separated)")
+    command_config.add_argument(p)
     p.add_argument("--topic", help="the topic to produce to")
     p.add_argument("--acks", "--request-required-acks", dest="acks", default="all", choices=["all", "-1", "1", "0"],
                    help="acknowledgements to wait for (default all)")
@@ -76,7 +78,8 @@ def run(args) -> int:
     parse_key = _truthy(props.get("parse.key"))
     separator = props.get("key.separator", "\t").encode().decode("unicode_escape").encode()
     ignore_error = _truthy(props.get("ignore.error"))
-    with Producer(args.bootstrap_server, acks=args.acks, linger_ms=args.linger_ms) as producer:
+    with Producer(args.bootstrap_server, acks=args.acks, linger_ms=args.linger_ms,
+                  security=command_config.security_of(args)) as producer:
         writer = LineWriter(producer, args.topic, parse_key, separator)
         for block in read_blocks(sys.stdin.buffer):
             writer.write_lines(block)

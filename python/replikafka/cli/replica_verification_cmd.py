@@ -40,6 +40,7 @@ from datetime import datetime
 import crc32c as _crc32c
 
 from replikafka import errors as E
+from replikafka.cli import command_config
 
 #: Kafka's DEBUGGING_CONSUMER replica id (see broker/replica_manager.py).
 DEBUGGING_REPLICA_ID = -2
@@ -288,11 +289,11 @@ class PartitionCheck:
 class Verifier:
     """Runs PartitionChecks against the cluster, one Fetch per broker per round."""
 
-    def __init__(self, bootstrap: str, fetch_size: int, max_wait_ms: int):
+    def __init__(self, bootstrap: str, fetch_size: int, max_wait_ms: int, security=None):
         from replikafka.client.connection import ConnectionPool, parse_bootstrap
         from replikafka.client.metadata import ClusterMetadata
 
-        self.pool = ConnectionPool()
+        self.pool = ConnectionPool(security=security)
         self.metadata = ClusterMetadata(self.pool, parse_bootstrap(bootstrap))
         self.fetch_size = fetch_size
         self.max_wait_ms = max_wait_ms
@@ -407,6 +408,7 @@ def max_lag_line(checks: list[PartitionCheck]) -> str:
 def add_parser(sub, name):
     p = sub.add_parser(name, help="check that the replicas of partitions hold the same data")
     p.add_argument("--bootstrap-server", metavar="H:P", help="brokers to connect to (comma-separated)")
+    command_config.add_argument(p)
     p.add_argument("--topic-white-list", metavar="REGEX", default=".*",
                    help="verify the topics whose whole name matches this regex (default .*)")
     p.add_argument("--report-interval-ms", type=int, metavar="N",
@@ -448,7 +450,7 @@ def run(args) -> int:
         return EXIT_USAGE
     continuous = args.report_interval_ms is not None
     max_wait = args.max_wait_ms if args.max_wait_ms is not None else (1000 if continuous else 0)
-    verifier = Verifier(args.bootstrap_server, args.fetch_size, max_wait)
+    verifier = Verifier(args.bootstrap_server, args.fetch_size, max_wait, command_config.security_of(args))
     try:
         found = verifier.partitions(pattern)
         if not found:

@@ -17,6 +17,7 @@ import json
 import sys
 
 from replikafka import errors as E
+from replikafka.cli import command_config
 
 _ACTIONS = ("create", "list", "describe", "delete", "alter")
 
@@ -24,6 +25,7 @@ _ACTIONS = ("create", "list", "describe", "delete", "alter")
 def add_parser(sub, name):
     p = sub.add_parser(name, help="create, list, describe, delete or alter topics")
     p.add_argument("--bootstrap-server", metavar="H:P", help="brokers to connect to (comma-separated)")
+    command_config.add_argument(p)
     p.add_argument("--zookeeper", metavar="H:P", help="find the brokers through this ZooKeeper")
     for action in _ACTIONS:
         p.add_argument(f"--{action}", action="store_true", help=f"{action} topics")
@@ -54,7 +56,7 @@ def run(args) -> int:
         return 2
     from replikafka.client.admin import Admin
 
-    with Admin(bootstrap_from(args.bootstrap_server, args.zookeeper)) as admin:
+    with Admin(bootstrap_from(args.bootstrap_server, args.zookeeper), security=command_config.security_of(args)) as admin:
         return _ACTION_FUNCS[action](admin, args)
 
 

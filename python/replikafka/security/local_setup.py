@@ -81,6 +81,14 @@ class SecureSetup:
             out[protocol] = path
         return out
 
+    def zk_digest_file(self) -> str:
+        """A 0600 file holding the ZooKeeper digest password (not printed to the terminal)."""
+        path = os.path.join(self.directory, "zookeeper-digest-password")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.zk_password)
+        return path
+
     def prepare_zookeeper(self, zk) -> None:
         """Store the users' SCRAM credentials (readable by brokers only) before brokers start."""
         from replikafka.security import scram
