@@ -301,6 +301,37 @@ class NonEmptyPaths(Validator):
         return "comma-separated directories, at least one"
 
 
+class HttpListener(Validator):
+    """``http://host:port`` (port 0 = any free port), or empty for none."""
+
+    def __call__(self, value: str) -> str:
+        if not value:
+            return ""
+        m = re.fullmatch(r"http://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]\s]*):([0-9]+)/?", value, re.IGNORECASE)
+        if not m:
+            raise ValueError(f"{value!r} is not http://host:port")
+        if int(m.group(2)) > 65535:
+            raise ValueError(f"port {m.group(2)} is out of range")
+        return f"http://{m.group(1)}:{int(m.group(2))}"
+
+    def describe(self) -> str:
+        return "http://host:port (port 0 = any free port) or empty"
+
+
+#: log4j's level names (broker/log_levels.py maps them to Python's).
+LOG_LEVEL_NAMES = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
+#: ``log.level.<logger>`` keys: one per logger, so not in the table (see :func:`_broker_key`).
+LOGGER_LEVEL_PREFIX = "log.level."
+
+
+def http_listener_address(value: str) -> tuple[str, int] | None:
+    """``metrics.listener``'s (host, port), or None when it is empty."""
+    if not value:
+        return None
+    host, _, port = value[len("http://"):].rstrip("/").rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 # --------------------------------------------------------------------------
 # The table
 # --------------------------------------------------------------------------
@@ -499,6 +530,15 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
     _k("zookeeper.digest.username", STRING, "", "name",
        "ZooKeeper digest identity of the brokers (as the Client section of Kafka's JAAS file); empty = none."),
     _k("zookeeper.digest.password", STRING, "", "secret", "Password of zookeeper.digest.username."),
+    # monitoring and logs
+    _k("metrics.listener", STRING, "http://127.0.0.1:0", "address",
+       "HTTP port serving /metrics (Prometheus), the status page and /loggers; port 0 = any free port "
+       "(published in the broker's registration); empty = none.", HttpListener()),
+    _k("metrics.recording.enable", BOOLEAN, True, "bool",
+       "Count requests, bytes and ISR changes on the hot paths (scrape-time gauges are always available)."),
+    _k("log.level", STRING, "INFO", "enum",
+       "Root log level (log4j names); log.level.<logger>=LEVEL sets one logger and its children.",
+       OneOf(*LOG_LEVEL_NAMES)),
 ]
 
 TOPIC_CONFIG_KEYS: list[ConfigKey] = [
@@ -528,6 +568,15 @@ TOPIC_CONFIG_KEYS: list[ConfigKey] = [
 ]
 
 BROKER_KEYS: dict[str, ConfigKey] = {k.name: k for k in BROKER_CONFIG_KEYS}
+
+
+def _broker_key(name: str) -> ConfigKey | None:
+    """The table's key, or a ``log.level.<logger>`` key made for that logger."""
+    key = BROKER_KEYS.get(name)
+    if key is None and name.startswith(LOGGER_LEVEL_PREFIX) and len(name) > len(LOGGER_LEVEL_PREFIX):
+        key = ConfigKey(name, STRING, "INFO", "enum", f"Log level of logger {name[len(LOGGER_LEVEL_PREFIX):]}.",
+                        OneOf(*LOG_LEVEL_NAMES))
+    return key
 TOPIC_KEYS: dict[str, ConfigKey] = {k.name: k for k in TOPIC_CONFIG_KEYS}
 
 # topic key -> LogConfig field
@@ -767,7 +816,7 @@ class BrokerConfig:
         for name, (value, where) in raw.items():
             if name in ignored:
                 continue
-            key = BROKER_KEYS.get(name)
+            key = _broker_key(name)
             if key is None:
                 raise _unknown_key(name, BROKER_KEYS, "broker", where)
             values[name] = key.parse(value, where=where)
@@ -786,7 +835,7 @@ class BrokerConfig:
     def with_overrides(self, overrides: Iterable[str] | Mapping[str, Any]) -> "BrokerConfig":
         """A new config with ``key=value`` strings (or a mapping) applied on top of this one."""
         raw: dict[str, tuple[Any, str]] = {
-            k: (BROKER_KEYS[k].format(self._values[k]), "") for k in self._explicit
+            k: (_broker_key(k).format(self._values[k]), "") for k in self._explicit
         }
         if isinstance(overrides, Mapping):
             raw.update({k: (v, "") for k, v in overrides.items()})
@@ -799,6 +848,11 @@ class BrokerConfig:
         if name not in BROKER_KEYS:
             raise _unknown_key(name, BROKER_KEYS, "broker")
         return _effective(self._values, name) if effective else self._values[name]
+
+    def logger_levels(self) -> dict[str, str]:
+        """``log.level.<logger>`` settings: logger name -> log4j level name."""
+        return {k[len(LOGGER_LEVEL_PREFIX):]: v for k, v in self._values.items()
+                if k.startswith(LOGGER_LEVEL_PREFIX) and k not in BROKER_KEYS}
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):
@@ -837,7 +891,8 @@ class BrokerConfig:
         """Normalized string values: the explicitly set keys (or every key that has a value)."""
         names = [k.name for k in BROKER_CONFIG_KEYS
                  if k.name in self._explicit or (include_defaults and self._values[k.name] is not None)]
-        return {n: BROKER_KEYS[n].format(self._values[n]) for n in names}
+        names += sorted(LOGGER_LEVEL_PREFIX + name for name in self.logger_levels())
+        return {n: _broker_key(n).format(self._values[n]) for n in names}
 
     def to_properties_text(self) -> str:
         return "".join(f"{k}={v}\n" for k, v in self.as_properties().items())

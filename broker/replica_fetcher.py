@@ -56,6 +56,7 @@ class GrpcLeaderEndpoint:
 class FetchState:
     leader_epoch: int
     truncating: bool = True
+    leader_log_end: int = -1     # the leader's LEO in its last answer (the fetcher's lag, for metrics)
 
 
 class ReplicaFetcher:
@@ -221,6 +222,7 @@ class ReplicaFetcher:
                 # FENCED/UNKNOWN epoch, NOT_LEADER: wait for the controller's next LeaderAndIsr.
                 continue
             part.append_as_follower(r.records if r.record_count else None, r.high_watermark, s.leader_epoch)
+            s.leader_log_end = r.log_end_offset
         return failed < len(resp.partitions)
 
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 from replikafka import errors as E
 from replikafka import records as R
 from replikafka.broker import state_change_log
+from replikafka.broker.metrics import ReplicaStats
 from replikafka.broker.partition import LEADER, Partition
 from replikafka.broker.zk_store import LeaderAndIsr
 from replikafka.protocol import replikafka_pb2 as pb
@@ -31,7 +32,8 @@ DEBUGGING_REPLICA_ID = -2
 
 
 class ReplicaManager:
-    def __init__(self, broker_id: int, config, log_manager, store, metadata, fetchers, clock):
+    def __init__(self, broker_id: int, config, log_manager, store, metadata, fetchers, clock,
+                 stats: ReplicaStats | None = None):
         self.broker_id = broker_id
         self.config = config
         self.logs = log_manager
@@ -48,6 +50,7 @@ class ReplicaManager:
         # Set once a controlled shutdown handed our roles away: later LeaderAndIsr
         # (e.g. a new controller's full state) must not make us lead or fetch again.
         self.shutting_down = False
+        self.stats = stats or ReplicaStats()   # bytes/messages per topic, ISR changes (broker/metrics.py)
 
     # ------------------------------------------------------------ lookups
     def get(self, tp: TP) -> Partition | None:
@@ -252,6 +255,7 @@ class ReplicaManager:
         pid = d.producer_id if d.producer_id > 0 else -1
         result = part.append_as_leader(batches, acks, min_isr, pid, d.producer_epoch if pid > 0 else -1,
                                        d.base_sequence if pid > 0 else -1)
+        self.stats.produced(d.topic, len(records), result.record_count)
         return part, result, min_isr
 
     # ------------------------------------------------------------ fetch
@@ -313,6 +317,8 @@ class ReplicaManager:
                         r.records_base_offset, r.record_count = res.first_offset, res.record_count
                 r.high_watermark, r.log_end_offset, r.log_start_offset = hw, leo, lso
                 total += size  # not len(r.records): reading a bytes field back copies it
+                if size:
+                    self.stats.fetched(fp.topic, size, r.record_count, req.replica_id >= 0)
             except E.ReplikafkaError as exc:
                 r.error.CopyFrom(to_pb(exc))
                 any_error = True
@@ -404,6 +410,7 @@ class ReplicaManager:
                             part.leader_state.on_isr_committed(current[0].isr, current[1],
                                                                part.log.log_end_offset)
                 continue
+            self.stats.isr_changed(len(part.isr), len(new_isr))
             part.isr_change_done(new_isr, version, decided_in)
             state_log.info("broker %d: %s-%d ISR -> %s (zk version %d)", self.broker_id, part.topic,
                            part.partition, list(new_isr), version)

@@ -25,10 +25,12 @@ from replikafka.client.connection import open_channel, target_of
 from replikafka.broker.admin_manager import AdminManager
 from replikafka.broker.config import BrokerConfig, Endpoint, log_config_for_topic
 from replikafka.broker.controller.controller import Controller
+from replikafka.broker.http_server import start_http
 from replikafka.broker.metadata_cache import MetadataCache
+from replikafka.broker.metrics import BrokerMetrics
 from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
 from replikafka.broker.replica_manager import ReplicaManager
-from replikafka.broker.rpc_server import BrokerServicer, NoObserver, OpenGate, RpcPipeline
+from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.storage.fileio import atomic_write_bytes
@@ -108,11 +110,13 @@ class BrokerServer:
         # The RPC pipeline's hooks (broker/rpc_server.py): who may call what, and
         # what each call cost. Security and metrics replace them before start().
         self.request_gate = OpenGate()
-        self.request_observer = NoObserver()
+        self.metrics = BrokerMetrics(self.broker_id, config.get("metrics.recording.enable"))
+        self.request_observer = self.metrics.requests
         # How this broker reaches other brokers (security.inter.broker.protocol): None = plaintext.
         self.channel_credentials = None
         self.session_lost = threading.Event()
         self.session_back = threading.Event()
+        self.http = None   # the metrics.listener HTTP server (broker/http_server.py)
 
     # ------------------------------------------------------------ start
     def start(self) -> None:
@@ -144,9 +148,12 @@ class BrokerServer:
                                               lambda tp: self.replica_manager.get(tp), self._leader_endpoint,
                                               **fetch_opts)
         self.replica_manager = ReplicaManager(self.broker_id, cfg, self.logs, self.store, self.metadata,
-                                              self.fetchers, self.clock)
+                                              self.fetchers, self.clock, stats=self.metrics.replica_stats)
         self.admin_manager = AdminManager(cfg, self.store, self.metadata)
         self._serve_grpc()
+        self.http = start_http(self)
+        if self.http is not None:
+            self.store.registration_extra["metrics_url"] = self.http.url
         # A previous incarnation's ephemeral node lives until its session times out.
         self.broker_epoch = self.store.register_broker(
             self.broker_id, self.endpoint.host, self.endpoint.port,
@@ -160,6 +167,7 @@ class BrokerServer:
                                      imbalance_check_interval_s=cfg.get("leader.imbalance.check.interval.seconds"),
                                      channel_credentials=self.channel_credentials)
         self.controller.start()
+        self.metrics.bind(self)
         self._loop("isr-maintenance", self.replica_manager.do_isr_work,
                    min(cfg.get("replica.lag.time.max.ms") / 4, 500))
         self._loop("hw-checkpoint", self._checkpoint_hw, cfg.get("replica.high.watermark.checkpoint.interval.ms"))
@@ -275,6 +283,7 @@ class BrokerServer:
     # ------------------------------------------------------------ ZooKeeper session
     def _on_zk_state(self, state) -> None:
         # Listeners must not block: only flag; _session_work does the work.
+        self.metrics.zk_stats.state_changed(str(state))
         if state == KazooState.LOST:
             self.session_lost.set()
         elif state == KazooState.CONNECTED and self.session_lost.is_set():
@@ -304,6 +313,8 @@ class BrokerServer:
         self.replica_manager.shutdown()
         for server in self.grpc_servers:
             server.stop(grace=1.0).wait(5)
+        if self.http is not None:
+            self.http.stop()
         for t in self.threads:
             t.join(timeout=5)
         self._checkpoint_hw()
@@ -368,7 +379,8 @@ def run_broker(config: BrokerConfig) -> int:
     except Exception as exc:
         _exit_after_failed_start(server, exc)
     print(f"replikafka broker {server.broker_id} started on {server.endpoint.host}:{server.endpoint.port} "
-          f"(pid {os.getpid()})", flush=True)
+          f"(pid {os.getpid()})" + (f"; metrics at {server.http.url}/metrics, status page at {server.http.url}/"
+                                    if server.http else ""), flush=True)
     while not done.wait(1.0):
         pass
     server.stop()

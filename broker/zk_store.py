@@ -97,6 +97,8 @@ class ZkStore:
     def __init__(self, zk: KazooClient):
         self.zk = zk
         self._multi_read_ok = True
+        # More fields for this broker's registration (its metrics_url, as Kafka's jmx_port).
+        self.registration_extra: dict[str, str] = {}
 
     def ensure_paths(self) -> None:
         for p in PERSISTENT_PATHS:
@@ -112,7 +114,7 @@ class ZkStore:
         advertised listener as ``PROTOCOL://host:port`` (Kafka's registration field);
         ``host``/``port`` stay the inter-broker gRPC listener."""
         data = _json({"host": host, "port": port, "endpoints": list(endpoints),
-                      "timestamp": str(int(time.time() * 1000))})
+                      "timestamp": str(int(time.time() * 1000)), **self.registration_extra})
         path = f"{BROKER_IDS}/{broker_id}"
         deadline = time.monotonic() + wait_s
         while True:
@@ -165,6 +167,16 @@ class ZkStore:
         except NoNodeError:
             return -1
         return int(json.loads(data)["brokerid"])
+
+    def broker_registrations(self) -> dict[int, dict]:
+        """Each live broker's registration, as registered."""
+        out = {}
+        for child in self.zk.get_children(BROKER_IDS):
+            try:
+                out[int(child)] = json.loads(self.zk.get(f"{BROKER_IDS}/{child}")[0])
+            except NoNodeError:
+                continue
+        return out
 
     def try_elect_controller(self, broker_id: int) -> bool:
         data = _json({"brokerid": broker_id, "timestamp": str(int(time.time() * 1000))})

@@ -20,6 +20,7 @@ from replikafka.broker import state_change_log
 from replikafka.broker import zk_store as Z
 from replikafka.broker.controller import controller_decisions as D
 from replikafka.broker.controller.broker_channels import ControllerChannelManager
+from replikafka.broker.metrics import ControllerStats
 from replikafka.broker.zk_store import LeaderAndIsr, ZkStore
 from replikafka import errors as E
 from replikafka.protocol import replikafka_pb2 as pb
@@ -79,11 +80,12 @@ class Controller:
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
         self.on_became_controller = on_became_controller
+        self.stats = ControllerStats()   # elections, event queue timings (broker/metrics.py)
 
     # ------------------------------------------------------------ plumbing
     def enqueue(self, name: str, *args) -> None:
         try:
-            self.events.put_nowait((name, args))
+            self.events.put_nowait((name, args, time.monotonic()))
         except queue.Full:  # bounded: a flood of watches collapses into a full reload
             log.error("controller event queue full; dropping %s", name)
 
@@ -125,9 +127,10 @@ class Controller:
     def do_work(self, timeout_s: float = 0.0) -> bool:
         """Handle one event. Returns False when the queue was empty."""
         try:
-            name, args = self.events.get(timeout=timeout_s) if timeout_s else self.events.get_nowait()
+            name, args, queued_at = self.events.get(timeout=timeout_s) if timeout_s else self.events.get_nowait()
         except queue.Empty:
             return False
+        started = time.monotonic()
         try:
             getattr(self, f"_on_{name}")(*args)
         except Z.ControllerMovedError:
@@ -136,6 +139,7 @@ class Controller:
         except Exception:
             if not self.stopped.is_set():
                 log.exception("controller event %s failed", name)
+        self.stats.event_done(started - queued_at, time.monotonic() - started)
         return True
 
     # ------------------------------------------------------------ election (seed 002)
@@ -276,6 +280,7 @@ class Controller:
                                          self._unclean_for, avoid=ctx.shutting_down)
         for tp, e in decisions.items():
             if e.unclean:
+                self.stats.unclean_election()
                 log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
                           "records acknowledged but not on it are LOST",
                           tp[0], tp[1], e.state.leader, list(current[tp].isr))
@@ -375,6 +380,7 @@ class Controller:
         ctx = self.ctx
         updates = {tp: (s, ctx.states[tp][1]) for tp, s in new.items()}
         ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates)
+        self.stats.elections((ctx.states[tp][0].leader for tp in ok), (new[tp].leader for tp in ok))
         for tp, version in ok.items():
             ctx.states[tp] = (new[tp], version)
         if state_change_log.enabled():  # one record for the batch (a line per partition)

@@ -67,6 +67,7 @@ class LocalCluster:
         self.security = security
         self.protocols = ("SSL", "SASL_SSL") if security is not None else ("PLAINTEXT",)
         self.listener_ports: dict[int, dict[str, int]] = {}
+        self.metrics_ports: dict[int, int] = {}   # each broker's metrics.listener (HTTP) port
         self.procs: dict[int, subprocess.Popen] = {}
         self.zookeeper_connect = zookeeper_connect or ""
         # Tests want their processes gone if the test run dies; `cluster start` does not.
@@ -95,9 +96,10 @@ class LocalCluster:
             finally:
                 zk.stop()
                 zk.close()
-        ports = iter(_free_ports(len(self.ids) * len(self.protocols)))
+        ports = iter(_free_ports(len(self.ids) * (len(self.protocols) + 1)))
         self.listener_ports = {b: {proto: next(ports) for proto in self.protocols} for b in self.ids}
         self.ports = {b: self.listener_ports[b][self.protocols[0]] for b in self.ids}
+        self.metrics_ports = {b: next(ports) for b in self.ids}
         for bid in self.ids:
             self.start_broker(bid, wait=False)
         self._save_state()
@@ -118,6 +120,7 @@ class LocalCluster:
             **(self.security.broker_overrides() if self.security is not None else {}),
             "log.dirs": os.path.join(self.base_dir, f"broker-{broker_id}-logs"),
             "zookeeper.connect": self.zookeeper_connect,
+            "metrics.listener": f"http://127.0.0.1:{self.metrics_ports[broker_id]}",
             **self.overrides,
             **self.broker_overrides.get(broker_id, {}),
         }
@@ -249,6 +252,10 @@ class LocalCluster:
     def bootstrap_servers(self) -> str:
         return ",".join(f"127.0.0.1:{self.ports[b]}" for b in self.ids)
 
+    def metrics_url(self, broker_id: int) -> str:
+        """The broker's HTTP port: /metrics, the status page at /, /loggers."""
+        return f"http://127.0.0.1:{self.metrics_ports[broker_id]}"
+
     def address(self, broker_id: int) -> str:
         return f"127.0.0.1:{self.ports[broker_id]}"
 
@@ -277,7 +284,8 @@ class LocalCluster:
     def _save_state(self) -> None:
         state = {"zookeeper": self.zookeeper_connect,
                  "zookeeper_pid": self.zk_server.pid if self.zk_server else None,
-                 "brokers": {str(b): {"pid": p.pid, "port": self.ports[b], "listeners": self.listener_ports.get(b, {})}
+                 "brokers": {str(b): {"pid": p.pid, "port": self.ports[b], "listeners": self.listener_ports.get(b, {}),
+                                     "metrics_url": self.metrics_url(b)}
                              for b, p in self.procs.items()},
                  "bootstrap_servers": ",".join(f"127.0.0.1:{self.ports[b]}" for b in self.ids if b in self.ports)}
         with open(os.path.join(self.base_dir, STATE_FILE), "w") as f:

@@ -11,8 +11,9 @@ def add_parser(sub, name):
     p.add_argument("config", help="server.properties file")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the properties file (repeatable)")
-    p.add_argument("--log-level", default=os.environ.get("REPLIKAFKA_LOG_LEVEL", "INFO"), type=_log_level,
-                   help=f"one of {', '.join(LOG_LEVELS)} (default INFO, or $REPLIKAFKA_LOG_LEVEL)")
+    p.add_argument("--log-level", default=os.environ.get("REPLIKAFKA_LOG_LEVEL"), type=_log_level,
+                   help=f"root log level, one of {', '.join(LOG_LEVELS)}, over the config's log.level "
+                        f"(default: log.level, or $REPLIKAFKA_LOG_LEVEL)")
     p.set_defaults(func=run)
 
 
@@ -45,11 +46,15 @@ def run(args) -> int:
     from replikafka.broker.config import BrokerConfig
     from replikafka.broker.server import run_broker
 
+    from replikafka.broker import log_levels
+
     _die_with_parent()
     config = BrokerConfig.load(args.config, args.override)  # a bad key stops us here, named
-    logging.basicConfig(level=getattr(logging, args.log_level),
-                        format="%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s")
+    logging.basicConfig(format="%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    log_levels.apply(config)                      # log.level and log.level.<logger> keys
+    if args.log_level:
+        log_levels.set_level("", args.log_level)
     if config.ignored_kafka_keys:
         logging.getLogger("replikafka.broker").warning(
             "ignoring Kafka config keys that do not apply to replikafka: %s", ", ".join(config.ignored_kafka_keys))

@@ -48,6 +48,8 @@ def run(args) -> int:
         # Detach: the processes outlive this command (they run in their own sessions).
         print(f"zookeeper: {cluster.zookeeper_connect}")
         print(f"bootstrap servers: {cluster.bootstrap_servers}")
+        for bid in cluster.ids:
+            print(f"broker {bid}: metrics {cluster.metrics_url(bid)}/metrics, status page {cluster.metrics_url(bid)}/")
         if security is not None:
             _print_secure(cluster, security)
         sys.stdout.flush()
@@ -60,7 +62,8 @@ def run(args) -> int:
         else:
             print(f"zookeeper: {state['zookeeper']} (external)")
         for bid, b in sorted(state["brokers"].items(), key=lambda kv: int(kv[0])):
-            print(f"broker {bid}: 127.0.0.1:{b['port']} pid {b['pid']} {'up' if pid_alive(b['pid']) else 'down'}")
+            print(f"broker {bid}: 127.0.0.1:{b['port']} pid {b['pid']} {'up' if pid_alive(b['pid']) else 'down'}"
+                  + (f" metrics {b['metrics_url']}/metrics" if b.get("metrics_url") else ""))
         print(f"bootstrap servers: {state['bootstrap_servers']}")
         return 0
     # stop: brokers first (clean shutdown), then ZooKeeper
