@@ -25,6 +25,22 @@ setup() {
         touch "$stamp"
     fi
     gen_stubs
+    ensure_chromium
+}
+
+# The status page's browser test drives Debian's chromium headless (tests/integration/test_monitoring.py).
+ensure_chromium() {
+    if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+        return 0
+    fi
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "build.sh: installing chromium (Debian package) for the status page test" >&2
+        apt-get install -y -q chromium >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+            || echo "build.sh: could not install chromium; the status page test will fail" >&2
+    else
+        echo "build.sh: chromium is not installed (apt-get install chromium); the status page test needs it" >&2
+    fi
 }
 
 gen_stubs() {

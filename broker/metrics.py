@@ -50,10 +50,16 @@ KAFKA_REQUEST_NAMES = {
     "DeleteTopic": "DeleteTopics",
 }
 ZK_SESSION_STATES = ("CONNECTED", "SUSPENDED", "LOST")
+#: BrokerTopicMetrics counters: (name, index in a ReplicaStats row, help).
+TOPIC_COUNTERS = (("bytesin", 0, "Bytes produced to the topic"),
+                  ("messagesin", 1, "Records produced to the topic"),
+                  ("bytesout", 2, "Bytes fetched from the topic by consumers"),
+                  ("messagesout", 3, "Records fetched from the topic by consumers (no Kafka counterpart)"),
+                  ("replicationbytesout", 4, "Bytes fetched from the topic by followers"))
 
 
 # ---------------------------------------------------------------- event counters
-class ReplicaStats:
+class ReplicaStats(Collector):
     """Counters of the replica manager's hot paths: per topic bytes and messages
     in (produce) and out (consumer fetch, follower fetch), ISR shrinks and expands.
     Called once per partition of a request, never per record. Thread-safe."""
@@ -100,6 +106,18 @@ class ReplicaStats:
     def snapshot(self) -> tuple[dict[str, tuple[int, ...]], int, int]:
         with self._lock:
             return {t: tuple(r) for t, r in self._topics.items()}, self.isr_shrinks, self.isr_expands
+
+    def collect(self):
+        topics, shrinks, expands = self.snapshot()
+        yield CounterMetricFamily("kafka_server_replicamanager_isrshrinks", "ISR shrinks by leaders here",
+                                  value=shrinks)
+        yield CounterMetricFamily("kafka_server_replicamanager_isrexpands", "ISR expansions by leaders here",
+                                  value=expands)
+        for name, i, doc in TOPIC_COUNTERS:
+            c = CounterMetricFamily(f"kafka_server_brokertopicmetrics_{name}", doc, labels=["topic"])
+            for topic, row in sorted(topics.items()):
+                c.add_metric([topic], row[i])
+            yield c
 
 
 class NoReplicaStats(ReplicaStats):
@@ -212,10 +230,9 @@ class ReplicaManagerCollector(Collector):
     """ReplicaManager, BrokerTopicMetrics, ReplicaFetcherManager and per-partition
     Log gauges, from the replica manager's partitions at scrape time."""
 
-    def __init__(self, replica_manager, fetchers, stats: ReplicaStats):
+    def __init__(self, replica_manager, fetchers):
         self.rm = replica_manager
         self.fetchers = fetchers
-        self.stats = stats
 
     def collect(self):
         from replikafka.broker.partition import LEADER
@@ -272,21 +289,6 @@ class ReplicaManagerCollector(Collector):
         yield segments
         yield start
         yield end
-        topics, shrinks, expands = self.stats.snapshot()
-        yield CounterMetricFamily("kafka_server_replicamanager_isrshrinks", "ISR shrinks by leaders here",
-                                  value=shrinks)
-        yield CounterMetricFamily("kafka_server_replicamanager_isrexpands", "ISR expansions by leaders here",
-                                  value=expands)
-        names = [("bytesin", 0, "Bytes produced to the topic"),
-                 ("messagesin", 1, "Records produced to the topic"),
-                 ("bytesout", 2, "Bytes fetched from the topic by consumers"),
-                 ("messagesout", 3, "Records fetched from the topic by consumers (no Kafka counterpart)"),
-                 ("replicationbytesout", 4, "Bytes fetched from the topic by followers")]
-        for name, i, doc in names:
-            c = CounterMetricFamily(f"kafka_server_brokertopicmetrics_{name}", doc, labels=["topic"])
-            for topic, row in sorted(topics.items()):
-                c.add_metric([topic], row[i])
-            yield c
 
     def _fetcher_max_lag(self) -> int:
         with self.fetchers.lock:
@@ -391,11 +393,12 @@ class BrokerMetrics:
         self.requests: RequestMetrics = RequestMetrics() if recording else NoRequestMetrics()
         self.zk_stats = ZkSessionStats()
         self.registry.register(self.requests)
+        self.registry.register(self.replica_stats)
         self.registry.register(BrokerInfoCollector(broker_id, time.monotonic()))
 
     def bind(self, broker) -> None:
         """Register the scrape-time collectors over a started broker's objects."""
-        self.registry.register(ReplicaManagerCollector(broker.replica_manager, broker.fetchers, self.replica_stats))
+        self.registry.register(ReplicaManagerCollector(broker.replica_manager, broker.fetchers))
         self.registry.register(ControllerCollector(broker.controller))
         self.registry.register(ZooKeeperCollector(lambda: str(broker.zk.state), self.zk_stats))
 

@@ -9,7 +9,7 @@ from replikafka.broker import config as C
 from replikafka.broker.config import (
     BOOLEAN, BROKER_CONFIG_KEYS, BROKER_KEYS, INT, LIST, LONG, REQUIRED, STRING, TOPIC_CONFIG_KEYS,
     TOPIC_KEYS, BrokerConfig, Endpoint, config_reference_markdown, log_config_for_topic, parse_overrides,
-    parse_properties, parse_topic_config_args, validate_topic_config,
+    parse_properties, parse_topic_config_args, validate_topic_config, _broker_key,
 )
 from replikafka.broker.storage.log_config import LogConfig
 from replikafka.errors import InvalidConfigError, ReplikafkaError
@@ -351,7 +351,7 @@ def test_server_properties_mentions_only_known_keys():
             line = line.strip().lstrip("#")
             if "=" in line and " " not in line.split("=", 1)[0]:
                 key, value = line.split("=", 1)
-                BROKER_KEYS[key].parse(value)
+                (BROKER_KEYS.get(key) or _broker_key(key)).parse(value)   # log.level.<logger> keys too
 
 
 # ---------------------------------------------------------------- topic-level configuration
