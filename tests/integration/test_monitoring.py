@@ -155,6 +155,20 @@ def test_per_topic_byte_and_message_counters_match_what_was_produced_and_fetched
     # Followers fetched every stored batch: the leaders counted replication bytes.
     assert total(cluster, cluster.ids, "kafka_server_brokertopicmetrics_replicationbytesout_total",
                  topic="bytes") > 0
+    # Per-RPC request metrics, through the RPC pipeline's observer.
+    leader = parts[0].leader
+    with grpc.insecure_channel(cluster.address(leader)) as ch:
+        with pytest.raises(grpc.RpcError):
+            pbg.ReplikafkaStub(ch).Produce(pb.ProduceRequest(acks=5), timeout=30)
+    m = scrape(cluster, leader)
+    assert m["kafka_network_requestmetrics_errors_total"][(("error", "INVALID_REQUEST"), ("request", "Produce"))] == 1
+    assert total(cluster, cluster.ids, "kafka_network_requestmetrics_requests_total", request="Produce") == 6 + 1
+    assert total(cluster, cluster.ids, "kafka_network_requestmetrics_requests_total", request="FetchConsumer") == 2
+    assert total(cluster, cluster.ids, "kafka_network_requestmetrics_totaltimems_count", request="Produce") == 6 + 1
+    for b in cluster.ids:
+        m = scrape(cluster, b)
+        assert m["kafka_network_requestmetrics_requests_total"][(("request", "FetchFollower"),)] > 0
+        assert m["kafka_network_requestmetrics_requests_total"][(("request", "LeaderAndIsr"),)] >= 1
     # Per-partition log gauges: every replica holds the same records.
     for b in cluster.ids:
         for p in parts:
