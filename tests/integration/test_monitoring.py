@@ -89,7 +89,9 @@ def test_isr_shrink_and_expand_counters_move_when_a_follower_pauses(cluster_fact
     assert value(cluster, leader, "kafka_server_replicamanager_isrshrinks_total") == 0
     with replikafka.Producer(cluster.bootstrap_servers, acks="all") as prod:   # every follower has fetched
         prod.send("lag", kafka_batch([b"first"])).result(timeout=30)
-    with replikafka.Producer(cluster.bootstrap_servers, acks="1") as prod:
+    # Bootstrapped at the leader: a new client must not pick the paused broker to learn the cluster from.
+    with replikafka.Producer(cluster.address(leader), acks="1") as prod:
+        prod.send("lag", kafka_batch([b"second"])).result(timeout=30)
         cluster.pause(slow)
         try:
             deadline = time.time() + 30
