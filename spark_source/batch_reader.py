@@ -57,7 +57,7 @@ def read_partition(opts: SourceOptions, layout: OutputLayout, partition: InputPa
     """The batches of one planned range (nothing for Spark's placeholder partition)."""
     if not isinstance(partition, RangePartition) or partition.start >= partition.end:
         return iter(())
-    client = client or client_for(opts.bootstrap)
+    client = client or client_for(opts.bootstrap, opts.security)
     converter = BatchConverter(layout, partition.topic, partition.partition, partition.timestamp_type)
     stats = stats if stats is not None else ReadStats()
     batches = read_range(ClusterTransport(client), partition.range, columns=layout.fetch_columns,
@@ -106,7 +106,7 @@ class BatchReader(DataSourceReader):
     def _plan(self, client: ClusterClient | None = None) -> list[RangePartition]:
         from replikafka.records import schema_from_bytes
         opts = self.opts
-        client = client or client_for(opts.bootstrap)
+        client = client or client_for(opts.bootstrap, opts.security)
         tps, topics = client.subscribed(opts.subscription)
         check_same_schema(topics, schema_from_bytes(self.topic_schema_bytes), opts.subscription.option)
         c = self.constraints

@@ -33,26 +33,26 @@ _clients: dict[tuple[int, str], "ClusterClient"] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(bootstrap: str) -> "ClusterClient":
-    """This process's client for ``bootstrap`` (created on first use)."""
-    key = (os.getpid(), bootstrap)
+def client_for(bootstrap: str, security: tuple[tuple[str, str], ...] = ()) -> "ClusterClient":
+    """This process's client for ``bootstrap`` with these security settings (created on first use)."""
+    key = (os.getpid(), bootstrap, security)
     with _clients_lock:
         c = _clients.get(key)
         if c is None:
-            c = _clients[key] = ClusterClient(bootstrap)
+            c = _clients[key] = ClusterClient(bootstrap, security=dict(security))
         return c
 
 
 class ClusterClient:
     """Thread-safe; every method may block up to about ``REQUEST_TIMEOUT_MS``."""
 
-    def __init__(self, bootstrap: str, *, request_timeout_ms: int = REQUEST_TIMEOUT_MS):
+    def __init__(self, bootstrap: str, *, request_timeout_ms: int = REQUEST_TIMEOUT_MS, security=None):
         try:
             self.bootstrap = parse_bootstrap(bootstrap)
         except E.InvalidConfigError as exc:
             raise OptionError("bootstrap.servers", exc.message) from None
         self.request_timeout_ms = request_timeout_ms
-        self.pool = ConnectionPool(options=CHANNEL_OPTIONS)
+        self.pool = ConnectionPool(options=CHANNEL_OPTIONS, security=security)
         self.metadata = ClusterMetadata(self.pool, self.bootstrap, request_timeout_ms=request_timeout_ms,
                                         retry_backoff_ms=RETRY_BACKOFF_MS)
 

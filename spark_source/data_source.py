@@ -48,7 +48,7 @@ class ReplikafkaDataSource(DataSource):
         from replikafka.spark.arrow_convert import output_layout
         from replikafka.spark.batch_reader import check_same_schema
         from replikafka.spark.cluster_access import client_for
-        _, topics = client_for(opts.bootstrap).subscribed(opts.subscription, require_topics=True)
+        _, topics = client_for(opts.bootstrap, opts.security).subscribed(opts.subscription, require_topics=True)
         first = topics[sorted(topics)[0]]
         check_same_schema(topics, first.schema, opts.subscription.option)
         default = output_layout(first.schema, include_headers=opts.include_headers, columns=opts.columns)
@@ -92,7 +92,7 @@ class ReplikafkaDataSource(DataSource):
         opts = parse_sink_options(self.options)
         if overwrite:
             raise OptionError("mode", "a topic is append-only: use mode('append'), not overwrite")
-        client = client_for(opts.bootstrap)
+        client = client_for(opts.bootstrap, opts.security)
         names = list(schema.names) if schema is not None else []
         if opts.topic is not None:
             targets = plan_targets(client, [opts.topic])

@@ -57,6 +57,12 @@ SOURCE_OPTIONS = (
     "fetchTimeoutMs", "fetchMaxBytes",
 )
 SINK_OPTIONS = ("bootstrap.servers", "kafka.bootstrap.servers", "topic", "deliveryTimeoutMs", "sinkChunkRows")
+#: Security, as Spark's Kafka source passes client keys through (``kafka.`` + librdkafka's names).
+SECURITY_OPTIONS = ("kafka.security.protocol", "kafka.ssl.ca.location", "kafka.ssl.certificate.location",
+                    "kafka.ssl.key.location", "kafka.ssl.key.password", "kafka.sasl.mechanism",
+                    "kafka.sasl.username", "kafka.sasl.password")
+SOURCE_OPTIONS = SOURCE_OPTIONS + SECURITY_OPTIONS
+SINK_OPTIONS = SINK_OPTIONS + SECURITY_OPTIONS
 BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 #: Keys Spark itself may add to a source's or sink's options; never ours to judge.
@@ -127,6 +133,8 @@ class SourceOptions:
     fetch_timeout_ms: int = DEFAULT_FETCH_TIMEOUT_MS
     fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     streaming: bool = False
+    # (key, value) client security settings; never in repr (plans, logs)
+    security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,7 @@ class SinkOptions:
     delivery_timeout_ms: int = DEFAULT_DELIVERY_TIMEOUT_MS
     chunk_rows: int = DEFAULT_SINK_CHUNK_ROWS
     extra: dict = field(default_factory=dict)
+    security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 # ---------------------------------------------------------------- helpers
@@ -158,6 +167,18 @@ def _normalise(options: Mapping[str, Any], allowed: tuple[str, ...]) -> dict[str
         hint = f"; did you mean '{allowed_lower[close[0]]}'?" if close else ""
         raise OptionError(str(key), f"is not an option of format(\"replikafka\"){hint}")
     return out
+
+
+def _security(opts: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The ``kafka.security.*``/``kafka.ssl.*``/``kafka.sasl.*`` options as client keys, checked now
+    (on the driver) so a bad one fails the query with the option named."""
+    from replikafka.security.tls import ClientSecurity
+    sec = tuple(sorted((k[len("kafka."):], v) for k, v in opts.items() if k in SECURITY_OPTIONS))
+    try:
+        ClientSecurity.from_config(dict(sec))
+    except InvalidConfigError as exc:
+        raise OptionError("kafka.security.protocol", exc.message) from None
+    return sec
 
 
 def _bootstrap(opts: dict[str, str]) -> str:
@@ -429,6 +450,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
         fetch_timeout_ms=parse_int(opts, "fetchTimeoutMs") or DEFAULT_FETCH_TIMEOUT_MS,
         fetch_max_bytes=parse_int(opts, "fetchMaxBytes", minimum=1024) or DEFAULT_FETCH_MAX_BYTES,
         streaming=bool(streaming),
+        security=_security(opts),
     )
 
 
@@ -443,4 +465,5 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         topic=topic.strip() if topic else None,
         delivery_timeout_ms=parse_int(opts, "deliveryTimeoutMs") or DEFAULT_DELIVERY_TIMEOUT_MS,
         chunk_rows=parse_int(opts, "sinkChunkRows") or DEFAULT_SINK_CHUNK_ROWS,
+        security=_security(opts),
     )

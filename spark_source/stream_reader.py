@@ -67,7 +67,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @property
     def client(self) -> ClusterClient:
-        return self._client or client_for(self.opts.bootstrap)
+        return self._client or client_for(self.opts.bootstrap, self.opts.security)
 
     # ------------------------------------------------------------ cluster view
     def _current(self, *, require_topics: bool):

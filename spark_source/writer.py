@@ -285,7 +285,7 @@ def write_task(opts: SinkOptions, targets: dict[str, TopicTarget], identity: str
                batches: Iterable[pa.RecordBatch], *, client: ClusterClient | None = None) -> SinkCommitMessage:
     """Write one task's rows; returns what was written. Deterministic in
     (identity, rows): running it again with the same rows writes nothing new."""
-    client = client or client_for(opts.bootstrap)
+    client = client or client_for(opts.bootstrap, opts.security)
     sender = ChunkSender(client, opts.delivery_timeout_ms / 1000)
     chunkers: dict[tuple[str, int], PartitionChunker] = {}
     rows_seen: dict[str, int] = {}
