@@ -5,6 +5,7 @@
 #   ./build.sh demo                 ZooKeeper + 3 brokers, produce, read with Spark, kill a broker
 #   ./build.sh bench [storage|cluster|replication|spark ...]   benchmarks, printed as a table
 #   ./build.sh setup                only set up .venv and generate stubs
+#   ./build.sh dist                 build dist/replikafka-<version>-py3-none-any.whl
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -26,6 +27,12 @@ setup() {
     fi
     gen_stubs
     ensure_chromium
+    # Spark finds pyspark_replikafka in any interpreter of this venv (editable installs hide it)
+    local pth
+    pth=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/replikafka-spark-discovery.pth
+    if [ ! -f "$pth" ]; then
+        "$PY" -c 'from replikafka.spark.environment import install_for_this_interpreter as i; i()'
+    fi
 }
 
 # The status page's browser test drives Debian's chromium headless (tests/integration/test_monitoring.py).
@@ -41,6 +48,13 @@ ensure_chromium() {
     else
         echo "build.sh: chromium is not installed (apt-get install chromium); the status page test needs it" >&2
     fi
+}
+
+dist() {
+    # A wheel for other machines (Spark executors: pip install dist/replikafka-*.whl)
+    rm -rf build dist/replikafka-*.whl
+    "$PY" -m pip wheel -q --no-deps --no-build-isolation -w dist .
+    ls dist/replikafka-*.whl
 }
 
 gen_stubs() {
@@ -61,5 +75,6 @@ case "$cmd" in
     test) setup; exec "$PY" -m pytest "$@" ;;
     demo) setup; exec "$PY" -m replikafka.demo "$@" ;;
     bench) setup; exec "$PY" -m bench "$@" ;;
-    *) echo "usage: ./build.sh test|demo|bench|setup" >&2; exit 2 ;;
+    dist) setup; dist ;;
+    *) echo "usage: ./build.sh test|demo|bench|setup|dist" >&2; exit 2 ;;
 esac

@@ -20,6 +20,14 @@ fails inside a worker:
 :func:`local_session` does both and builds a local session; anything else
 (``spark-submit``, a cluster) should set ``PYSPARK_PYTHON`` /
 ``spark.pyspark.python`` to an interpreter with replikafka installed.
+
+So that a plain script needs neither call, ``./build.sh setup`` runs
+(:func:`install_for_this_interpreter`):
+a ``.pth`` file in the venv's site-packages puts a directory holding only the
+link to ``pyspark_replikafka`` on every interpreter's path (the driver's and the
+workers'), and makes ``PYSPARK_PYTHON`` default to the venv's interpreter.
+A wheel (``./build.sh dist``) needs none of this: ``pyspark_replikafka`` is
+then an ordinary top-level package.
 """
 from __future__ import annotations
 
@@ -92,3 +100,36 @@ def local_session(app_name: str = "replikafka", master: str = "local[2]", conf: 
     for k, v in settings.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
+
+
+DISCOVERY_PTH = "replikafka-spark-discovery.pth"
+
+
+def install_discovery(site_dir: Path, prefix: Path) -> Path:
+    """Write ``site_dir/replikafka-spark-discovery.pth`` for an editable install:
+    its first line adds ``prefix/replikafka-spark-path`` (a directory holding
+    only a link to ``pyspark_replikafka``) to ``sys.path``, so
+    ``pkgutil.iter_modules`` finds the data source in every interpreter of the
+    environment; its second sets ``PYSPARK_PYTHON`` to that interpreter when
+    unset, so Spark's workers run where replikafka is installed. Returns the
+    .pth path."""
+    pkg = _package_dir()
+    if pkg is None:
+        raise FileNotFoundError(f"{PACKAGE} is not in a source tree next to {__file__}")
+    base = prefix / "replikafka-spark-path"
+    base.mkdir(parents=True, exist_ok=True)
+    link = base / PACKAGE
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(pkg, target_is_directory=True)
+    pth = site_dir / DISCOVERY_PTH
+    pth.write_text(f"{base}\n"
+                   "import os, sys; os.environ.setdefault('PYSPARK_PYTHON', sys.executable)\n")
+    return pth
+
+
+def install_for_this_interpreter() -> Path:
+    """:func:`install_discovery` into this interpreter's environment (``./build.sh setup``)."""
+    import sysconfig
+
+    return install_discovery(Path(sysconfig.get_paths()["purelib"]), Path(sys.prefix))
