@@ -256,10 +256,12 @@ class Controller:
         # forgot its HW.
         changed = self._elect_offline(exclude=bounced) if bounced else []
         changed += [tp for tp in self._elect_offline() if tp not in changed]
-        # New brokers learn everything; everyone learns the changed partitions.
+        # New brokers learn everything; everyone else learns the changed partitions
+        # and the new set of live brokers (as Kafka's onBrokerStartup/onBrokerFailure:
+        # a broker that leads nothing is still a broker clients must be told of).
         for bid in new:
             self._send_update_metadata([bid], list(ctx.states), full=True)
-        if changed:
+        if changed or new or dead:
             self._send_update_metadata([b for b in live if b not in new], changed)
         self._send_leader_and_isr(changed, extra_brokers=new)
         if changed:
