@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-NAMES = ["storage", "cluster", "replication", "spark"]
+NAMES = ["storage", "cluster", "replication", "spark", "tls"]
 
 
 def _fmt(v):

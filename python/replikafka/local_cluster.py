@@ -54,7 +54,8 @@ def _free_ports(n: int) -> list[int]:
 class LocalCluster:
     def __init__(self, base_dir: str, brokers: int = 3, *, zookeeper_connect: str | None = None,
                  overrides: dict[str, str] | None = None, broker_overrides: dict[int, dict[str, str]] | None = None,
-                 first_broker_id: int = 1, die_with_parent: bool = False, security=None):
+                 first_broker_id: int = 1, die_with_parent: bool = False, security=None,
+                 protocols: tuple[str, ...] | None = None):
         self.base_dir = os.path.abspath(base_dir)
         self.n = brokers
         self.external_zk = zookeeper_connect
@@ -65,7 +66,7 @@ class LocalCluster:
         self.ports: dict[int, int] = {}          # broker -> port of its first listener (bootstrap)
         # A SecureSetup (replikafka.security.local_setup): SSL + SASL_SSL listeners, ACLs, ZooKeeper ACLs.
         self.security = security
-        self.protocols = ("SSL", "SASL_SSL") if security is not None else ("PLAINTEXT",)
+        self.protocols = protocols or (("SSL", "SASL_SSL") if security is not None else ("PLAINTEXT",))
         self.listener_ports: dict[int, dict[str, int]] = {}
         self.metrics_ports: dict[int, int] = {}   # each broker's metrics.listener (HTTP) port
         self.procs: dict[int, subprocess.Popen] = {}
