@@ -28,6 +28,7 @@ import threading
 import grpc
 
 from replikafka import errors as E
+from replikafka.broker.rpc_server import RateLimitedLog
 from replikafka.security import acl as A
 from replikafka.security import tls
 from replikafka.security.zk_security import AclCache, CredentialCache, kazoo_security, secure_existing
@@ -112,6 +113,9 @@ class BrokerSecurity:
         self.zk_user = config.get("zookeeper.digest.username")
         self.zk_password = config.get("zookeeper.digest.password")
         self.zk_kwargs = kazoo_security(self.zk_user, self.zk_password, config.get("zookeeper.set.acl"))
+        # One line per (principal, host, method, operation, resource) a minute, with a count (Kafka's
+        # authorizer log, without letting a refused client flood it).
+        self.refusals = RateLimitedLog(log)
         self.credentials: CredentialCache | None = None
         self.acls: AclCache | None = None
         self.authorizer: Authorizer | None = None
@@ -202,6 +206,7 @@ class BrokerSecurity:
 
     def _require(self, ctx, operation: str, resource: tuple[str, str]) -> None:
         if not self.allowed(ctx, operation, resource):
-            log.info("refused %s: %s (host %s) lacks %s on %s", ctx.method, ctx.principal, ctx.peer_host,
-                     operation, resource)
+            self.refusals.log(logging.INFO, (ctx.principal, ctx.peer_host, ctx.method, operation, resource),
+                              "refused %s: %s (host %s) lacks %s on %s %r", ctx.method, ctx.principal,
+                              ctx.peer_host, operation, *resource)
             raise refusal(ctx.principal, ctx.peer_host, operation, resource)
