@@ -1,5 +1,5 @@
 """Admin requests any broker accepts: create/delete topics, add partitions,
-producer ids. They are validated here and written to ZooKeeper; the
+alter/describe topic configs, producer ids. They are validated here and written to ZooKeeper; the
 controller, watching those paths, does the rest. The request then waits
 (bounded) until this broker's metadata shows the result.
 """
@@ -11,7 +11,7 @@ import uuid
 
 from replikafka import errors as E
 from replikafka import records as R
-from replikafka.broker.config import validate_topic_config
+from replikafka.broker.config import TOPIC_KEYS, topic_defaults, validate_topic_config
 from replikafka.broker.controller.controller import random_assignment
 from replikafka.protocol import replikafka_pb2 as pb
 
@@ -104,6 +104,45 @@ class AdminManager:
             self._timeout_s(req.timeout_ms))
         if not ok:
             raise E.RequestTimedOutError(f"partitions of {req.name!r} were added but have no leader yet")
+
+    # ---- dynamic configs (kafka-configs); users' SCRAM credentials are written by the configs tool
+    def _topic_overrides(self, resource_type: str, name: str) -> dict[str, str]:
+        if resource_type != "topics":
+            raise E.InvalidRequestError(f"configs of entity type {resource_type!r} are not served over the "
+                                        f"cluster's RPCs (entity type topics is)")
+        R.validate_topic_name(name)
+        found = self.store.get_topic_config(name)
+        if found is None or self.store.get_assignment(name) is None:
+            raise E.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return found[0]
+
+    def alter_configs(self, req: pb.AlterConfigsRequest) -> None:
+        """Set and delete a topic's overrides in ``/config/topics/T`` plus a change
+        notification; every broker applies them live (see BrokerServer's config
+        change work). Unknown keys and bad values are refused, naming the key."""
+        current = self._topic_overrides(req.resource_type, req.name)
+        for key in req.delete:
+            if key not in TOPIC_KEYS:
+                validate_topic_config({key: ""})  # raises, naming it and the closest key
+        both = set(req.set) & set(req.delete)
+        if both:
+            raise E.InvalidConfigError(f"config {sorted(both)[0]!r} is both added and deleted")
+        updated = {k: v for k, v in current.items() if k not in req.delete}
+        updated.update(validate_topic_config(dict(req.set)))
+        self.store.set_topic_config(req.name, updated)
+        log.info("topic %s config overrides now %s", req.name,
+                 {k: v for k, v in updated.items() if k != "topic.id"})
+
+    def describe_configs(self, req: pb.DescribeConfigsRequest) -> list[pb.ConfigEntry]:
+        """Every topic-level key: the topic's override, else the broker's default."""
+        overrides = self._topic_overrides(req.resource_type, req.name)
+        out = []
+        for key, default in topic_defaults(self.config).items():
+            if key in overrides:
+                out.append(pb.ConfigEntry(name=key, value=overrides[key], source="DYNAMIC_TOPIC_CONFIG"))
+            else:
+                out.append(pb.ConfigEntry(name=key, value=TOPIC_KEYS[key].format(default), source="DEFAULT_CONFIG"))
+        return out
 
     def init_producer_id(self) -> tuple[int, int]:
         with self.pid_lock:

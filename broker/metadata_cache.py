@@ -43,6 +43,14 @@ class MetadataCache:
                 self.topics.pop(t, None)
             self.changed.notify_all()
 
+    def set_topic_config(self, topic: str, config: dict[str, str]) -> None:
+        """A topic's config overrides changed (a dynamic config change)."""
+        with self.lock:
+            entry = self.topics.get(topic)
+            if entry is not None:
+                entry.config = dict(config)
+            self.changed.notify_all()
+
     def apply_leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> None:
         """Our own partitions' states are news too (the UpdateMetadata may come later)."""
         with self.lock:

@@ -79,6 +79,8 @@ RPC_SPECS: dict[str, RpcSpec] = {s.name: s for s in [
     RpcSpec("CreateTopic", "admin", pb.CreateTopicRequest, pb.CreateTopicResponse),
     RpcSpec("DeleteTopic", "admin", pb.DeleteTopicRequest, pb.DeleteTopicResponse),
     RpcSpec("CreatePartitions", "admin", pb.CreatePartitionsRequest, pb.CreatePartitionsResponse),
+    RpcSpec("AlterConfigs", "admin", pb.AlterConfigsRequest, pb.AlterConfigsResponse),
+    RpcSpec("DescribeConfigs", "admin", pb.DescribeConfigsRequest, pb.DescribeConfigsResponse),
     RpcSpec("OffsetsForLeaderEpoch", "cluster", pb.OffsetsForLeaderEpochRequest),
     RpcSpec("LeaderAndIsr", "cluster", pb.LeaderAndIsrRequest),
     RpcSpec("UpdateMetadata", "cluster", pb.UpdateMetadataRequest),
@@ -353,6 +355,12 @@ class BrokerServicer:
 
     def CreatePartitions(self, request, ctx: RequestContext):
         self.admin.create_partitions(request)
+
+    def AlterConfigs(self, request, ctx: RequestContext):
+        self.admin.alter_configs(request)
+
+    def DescribeConfigs(self, request, ctx: RequestContext):
+        return pb.DescribeConfigsResponse(entries=self.admin.describe_configs(request))
 
     def LeaderAndIsr(self, request, ctx: RequestContext):
         try:

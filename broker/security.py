@@ -39,14 +39,15 @@ ANONYMOUS = A.ANONYMOUS
 CLUSTER = ("Cluster", A.CLUSTER_NAME)
 # RPC -> the operation it needs on each topic it names.
 TOPIC_OPERATIONS = {"Produce": "Write", "Fetch": "Read", "ListOffsets": "Read",
-                    "CreateTopic": "Create", "DeleteTopic": "Delete", "CreatePartitions": "Alter"}
+                    "CreateTopic": "Create", "DeleteTopic": "Delete", "CreatePartitions": "Alter",
+                    "AlterConfigs": "AlterConfigs", "DescribeConfigs": "DescribeConfigs"}
 DECISIONS_MAX = 100_000
 
 
 def topics_of(method: str, request) -> list[str]:
     if method in ("Produce", "Fetch", "ListOffsets"):
         return sorted({p.topic for p in request.partitions})
-    if method in ("CreateTopic", "DeleteTopic", "CreatePartitions"):
+    if method in ("CreateTopic", "DeleteTopic", "CreatePartitions", "AlterConfigs", "DescribeConfigs"):
         return [request.name]
     return []
 

@@ -174,6 +174,7 @@ class BrokerServer:
         self._loop("log-maintenance", self._maintain_logs,
                    min(cfg.get("log.retention.check.interval.ms"), cfg.get("log.flush.scheduler.interval.ms"), 1000))
         self._loop("zk-session", self._session_work, 100)
+        self._watch_config_changes()
         log.info("broker %d serving on %s:%d", self.broker_id, self.endpoint.host, self.endpoint.port)
 
     def _open_state_change_log(self) -> None:
@@ -279,6 +280,43 @@ class BrokerServer:
 
     def _checkpoint_hw(self) -> None:
         self.log_manager.checkpoint_high_watermarks(self.replica_manager.high_watermarks())
+
+    # ------------------------------------------------------------ dynamic topic config
+    def _watch_config_changes(self) -> None:
+        """Follow ``/config/changes`` (written by AlterConfigs): the logs were opened
+        with the config current now, so only later notifications are applied."""
+        self.config_changed = threading.Event()
+        changes = self.store.config_changes(watch=lambda _event: self.config_changed.set())
+        self.config_change_seen = max((seq for seq, _ in changes), default=-1)
+        self._loop("config-changes", self.config_change_work, 100)
+
+    def config_change_work(self) -> None:
+        """Apply the topic configs named by notifications not seen yet (one pass)."""
+        if not self.config_changed.is_set():
+            return
+        self.config_changed.clear()
+        for seq, entity in self.store.config_changes(watch=lambda _event: self.config_changed.set()):
+            if seq <= self.config_change_seen:
+                continue
+            self.config_change_seen = seq
+            kind, _, name = entity.partition("/")
+            if kind == "topics":
+                self.apply_topic_config(name)
+
+    def apply_topic_config(self, topic: str) -> None:
+        """The topic's current overrides, live: its local logs (retention, segment
+        size, flush, min.insync.replicas, ...) and the metadata clients see."""
+        found = self.store.get_topic_config(topic)
+        if found is None:
+            return  # deleted meanwhile
+        overrides = {k: v for k, v in found[0].items() if k != TOPIC_ID_KEY}
+        log_config = log_config_for_topic(self.config, overrides)
+        for (t, _p), log_ in self.log_manager.logs().items():
+            if t == topic:
+                log_.update_config(log_config)
+        self.metadata.set_topic_config(topic, found[0])
+        self.controller.enqueue("topic_config_change", topic)  # a no-op unless this broker is the controller
+        log.info("topic %s: config overrides %s applied", topic, overrides)
 
     # ------------------------------------------------------------ ZooKeeper session
     def _on_zk_state(self, state) -> None:

@@ -41,6 +41,8 @@ CONTROLLER_EPOCH = "/controller_epoch"
 BROKER_IDS = "/brokers/ids"
 BROKER_TOPICS = "/brokers/topics"
 CONFIG_TOPICS = "/config/topics"
+CONFIG_CHANGES = "/config/changes"
+CONFIG_CHANGE_PREFIX = "config_change_"
 DELETE_TOPICS = "/admin/delete_topics"
 REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 PREFERRED_REPLICA_ELECTION = "/admin/preferred_replica_election"
@@ -233,6 +235,37 @@ class ZkStore:
             return None
         d = json.loads(data)
         return dict(d.get("config", {})), base64.b64decode(d.get("schema", ""))
+
+    def set_topic_config(self, topic: str, config: dict[str, str]) -> None:
+        """Replace a topic's config overrides (its schema stays), then write a
+        change notification (Kafka's ``/config/changes/config_change_N``,
+        ``{"version":2,"entity_path":"topics/T"}``) that brokers watch; one multi,
+        conditional on the config znode's version."""
+        path = f"{CONFIG_TOPICS}/{topic}"
+        data, stat = self.zk.get(path)
+        d = json.loads(data)
+        d["config"] = dict(config)
+        tx = self.zk.transaction()
+        tx.set_data(path, _json({k: v for k, v in d.items() if k != "version"}), version=stat.version)
+        tx.create(f"{CONFIG_CHANGES}/{CONFIG_CHANGE_PREFIX}",
+                  json.dumps({"version": 2, "entity_path": f"topics/{topic}"}).encode(), sequence=True)
+        for r in tx.commit():
+            if isinstance(r, Exception):
+                raise r
+
+    def config_changes(self, watch=None) -> list[tuple[int, str]]:
+        """Change notifications as (sequence number, entity path), oldest first."""
+        self.zk.ensure_path(CONFIG_CHANGES)
+        out = []
+        for child in self.zk.get_children(CONFIG_CHANGES, watch=watch):
+            if not child.startswith(CONFIG_CHANGE_PREFIX):
+                continue
+            try:
+                data, _ = self.zk.get(f"{CONFIG_CHANGES}/{child}")
+                out.append((int(child[len(CONFIG_CHANGE_PREFIX):]), str(json.loads(data)["entity_path"])))
+            except (NoNodeError, ValueError, KeyError, TypeError):
+                continue  # removed meanwhile, or not one of ours
+        return sorted(out)
 
     def create_topic(self, topic: str, assignment: dict[int, list[int]], schema: bytes,
                      config: dict[str, str]) -> None:

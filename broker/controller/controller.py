@@ -334,6 +334,16 @@ class Controller:
             self._send_update_metadata(list(ctx.live), new_tps)
             self._send_leader_and_isr(new_tps)
 
+    def _on_topic_config_change(self, topic: str) -> None:
+        """A dynamic config change (AlterConfigs): the controller's copy, which its
+        UpdateMetadata and unclean-election decisions use, follows ZooKeeper."""
+        if not self.active or topic not in self.ctx.topics:
+            return
+        found = self.store.get_topic_config(topic)
+        if found is not None:
+            self.ctx.topics[topic].config = found[0]
+            self._send_update_metadata(list(self.ctx.live), [(topic, p) for p in self.ctx.topics[topic].assignment])
+
     def _on_partition_change(self, topic: str) -> None:
         if not self.active or topic not in self.ctx.topics:
             return

@@ -54,10 +54,15 @@ def run(args) -> int:
     except UsageError as exc:
         sys.stderr.write(f"replikafka topics: error: {exc}\n")
         return 2
+    with admin_for(args) as admin:
+        return _ACTION_FUNCS[action](admin, args)
+
+
+def admin_for(args):
+    """An Admin for a command's ``--bootstrap-server`` (or ``--zookeeper``) and ``--command-config``."""
     from replikafka.client.admin import Admin
 
-    with Admin(bootstrap_from(args.bootstrap_server, args.zookeeper), security=command_config.security_of(args)) as admin:
-        return _ACTION_FUNCS[action](admin, args)
+    return Admin(bootstrap_from(args.bootstrap_server, args.zookeeper), security=command_config.security_of(args))
 
 
 def _check(args) -> str:

@@ -161,6 +161,35 @@ class Admin:
                     and all(p.leader >= 0 for p in t.partitions if p.partition >= before))
         self._await_everywhere(name, grown, deadline)
 
+    def alter_topic_config(self, name: str, set_config: dict[str, Any] | None = None, delete: Iterable[str] = (),
+                           timeout_ms: int = 30_000) -> None:
+        """Set (``set_config``) and remove (``delete``) a topic's config overrides,
+        as ``kafka-configs --alter``; the brokers apply them live. Returns once
+        every live broker's metadata shows them (or ``timeout_ms`` passed)."""
+        validate_topic_name(name)
+        wanted = {str(k): _config_value(v) for k, v in (set_config or {}).items()}
+        gone = [str(k) for k in delete]
+        if not wanted and not gone:
+            raise E.InvalidConfigError("nothing to alter: give configs to set or to delete")
+        deadline = time.monotonic() + timeout_ms / 1000
+        self._admin_call("AlterConfigs", pb.AlterConfigsRequest(resource_type="topics", name=name, set=wanted,
+                                                                delete=gone),
+                         deadline, f"alter the config of topic {name!r}", final=(E.UnknownTopicOrPartitionError,))
+
+        def applied(t: pb.TopicMetadata | None) -> bool:
+            return (t is not None and all(t.config.get(k) == v for k, v in wanted.items())
+                    and not any(k in t.config for k in gone))
+        self._await_everywhere(name, applied, deadline)
+
+    def describe_topic_config(self, name: str, timeout_ms: int = 30_000) -> dict[str, tuple[str, str]]:
+        """Every topic-level key -> (value, source): ``DYNAMIC_TOPIC_CONFIG`` for
+        the topic's overrides, ``DEFAULT_CONFIG`` for the brokers' defaults."""
+        validate_topic_name(name)
+        response = self._admin_call("DescribeConfigs", pb.DescribeConfigsRequest(resource_type="topics", name=name),
+                                    time.monotonic() + timeout_ms / 1000, f"describe the config of topic {name!r}",
+                                    final=(E.UnknownTopicOrPartitionError,))
+        return {e.name: (e.value, e.source) for e in response.entries}
+
     # ------------------------------------------------------------ queries
     def list_topics(self) -> list[str]:
         """Names of all topics, sorted."""
@@ -248,7 +277,7 @@ class Admin:
         return out
 
     def _admin_call(self, method: str, request, deadline: float, what: str,
-                    final: tuple[type[E.ReplikafkaError], ...] = ()) -> None:
+                    final: tuple[type[E.ReplikafkaError], ...] = ()):
         """Send an admin request to some broker; retry retriable failures on
         the next broker until ``deadline``. A timeout is not retried (the change
         may have happened), nor an error of a class in ``final`` (an answer for
@@ -271,7 +300,7 @@ class Admin:
                 else:
                     err = from_pb(response.error)
                     if err is None:
-                        return
+                        return response
                 if isinstance(err, (E.RequestTimedOutError, *final)) or not err.retriable:
                     raise annotated(err, what)
                 last = err
