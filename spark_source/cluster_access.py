@@ -128,6 +128,12 @@ def _named(sub: Subscription, topics: dict[str, TopicInfo]) -> set[str]:
     return {t for t in topics if sub.matches(t)}
 
 
+def topic_id_of(topic: TopicInfo) -> str:
+    """The id the cluster gave the topic when it was created ("" if unknown):
+    a topic deleted and re-created under the same name has a new one."""
+    return topic.config.get("topic.id", "")
+
+
 def timestamp_type_of(topic: TopicInfo) -> int:
     """0 (CreateTime) or 1 (LogAppendTime), as Spark's ``timestampType`` column."""
     value = topic.config.get("message.timestamp.type", "CreateTime")

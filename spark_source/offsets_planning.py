@@ -21,16 +21,43 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from replikafka.errors import ReplikafkaError
 from replikafka.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, Subscription
 
 TopicPartition = tuple[str, int]
 
+#: The key of the stream offsets JSON that holds ``{"topic": topic_id}`` beside
+#: Spark's ``{"topic": {"partition": offset}}``. ``@`` is not legal in a topic
+#: name, so the key can never be a topic.
+TOPIC_IDS_KEY = "@topicIds"
 
-class DataLossError(OptionError):
-    """Data a read was planned or asked to cover is gone (retention, deleted partition)."""
+#: Spark's text after a data-loss reason (``KafkaSourceProvider.INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_*``).
+DATA_LOSS_INSTRUCTION_FAIL = (
+    "Some data may have been lost because they are not available in Kafka any more; either the data was aged "
+    "out by Kafka or the topic may have been deleted before all the data in the topic was processed. If you "
+    "don't want your streaming query to fail on such cases, set the source option \"failOnDataLoss\" to \"false\".")
+DATA_LOSS_INSTRUCTION_SKIP = (
+    "Some data may have been lost because they are not available in Kafka any more; either the data was aged "
+    "out by Kafka or the topic may have been deleted before all the data in the topic was processed. If you "
+    "want your streaming query to fail on such cases, set the source option \"failOnDataLoss\" to \"true\".")
 
-    def __init__(self, message: str):
-        super().__init__("failOnDataLoss", message + " (set failOnDataLoss=false to skip what is gone)")
+
+class DataLossError(ReplikafkaError):
+    """Records a read was planned or asked to cover are gone: removed by
+    retention, a deleted partition, or a topic deleted and re-created (Spark's
+    ``KAFKA_DATA_LOSS``). Raised only with ``failOnDataLoss=true``; not a
+    configuration error and not retriable: the same read would lose the same data."""
+
+    code = "KAFKA_DATA_LOSS"
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(f"{reason}. {DATA_LOSS_INSTRUCTION_FAIL}")
+
+
+class OffsetRangeError(OptionError):
+    """A batch read's start resolved beyond its end (Spark's
+    ``RESOLVED_START_OFFSET_GREATER_THAN_END_OFFSET``), naming the starting option."""
 
 
 @dataclass(frozen=True)
@@ -164,16 +191,18 @@ def plan_batch_ranges(tps: Iterable[TopicPartition], starting: OffsetSpec, endin
                                     f"starts at {b.log_start}: offsets [{start}, {b.log_start}) were removed")
             start = b.log_start
         if start > end:
-            if starting.kind in ("timestamp", "timestamps") or ending.kind in ("timestamp", "timestamps"):
-                start = end  # a time window holding no record of this partition
-            elif start > b.high_watermark:
-                raise OptionError(starting.option, f"{tp[0]}-{tp[1]}: starts at offset {start}, beyond the high "
-                                  f"watermark {b.high_watermark}")
-            else:
-                raise OptionError(starting.option, f"{tp[0]}-{tp[1]}: starts at offset {start}, after its ending "
-                                  f"offset {end}")
+            raise resolved_start_after_end(starting, ending, tp, start, end)
         out.append(OffsetRange(tp[0], tp[1], start, end))
     return out
+
+
+def resolved_start_after_end(starting: OffsetSpec, ending: OffsetSpec, tp: TopicPartition,
+                             start: int, end: int) -> OffsetRangeError:
+    """Spark's ``RESOLVED_START_OFFSET_GREATER_THAN_END_OFFSET`` for one partition
+    (Spark refuses it for every mix of offsets, timestamps and latest)."""
+    return OffsetRangeError(starting.option, f"The resolved start offset {start} is greater than the resolved end "
+                            f"offset {end} for topic {tp[0]} partition {tp[1]} ({starting.option} resolved to "
+                            f"{start}, {ending.option} to {end})")
 
 
 # ---------------------------------------------------------------- splitting
@@ -255,22 +284,31 @@ def backlog_of(start: Mapping[TopicPartition, int], latest: Mapping[TopicPartiti
 
 
 # ---------------------------------------------------------------- checkpoint JSON
-def offsets_to_json(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
-    """``{(t, p): o}`` -> ``{"t": {"p": o}}`` in a stable order (what Spark checkpoints)."""
-    out: dict[str, dict[str, int]] = {}
+def offsets_to_json(offsets: Mapping[TopicPartition, int],
+                    topic_ids: Mapping[str, str] | None = None) -> dict:
+    """``{(t, p): o}`` -> ``{"t": {"p": o}}`` in a stable order (what Spark
+    checkpoints), plus ``{"@topicIds": {"t": id}}`` for the topics whose id is
+    known (how a deleted and re-created topic is told from the old one)."""
+    out: dict = {}
     for (t, p), o in sorted(offsets.items()):
         out.setdefault(t, {})[str(p)] = int(o)
+    ids = {t: topic_ids[t] for t in sorted(out) if topic_ids and topic_ids.get(t)}
+    if ids:
+        out[TOPIC_IDS_KEY] = ids
     return out
 
 
 def offsets_from_json(doc: Mapping | None) -> dict[TopicPartition, int]:
-    """The inverse of :func:`offsets_to_json`; refuses anything else with a clear message."""
+    """The offsets of :func:`offsets_to_json`'s JSON (a plain Spark Kafka
+    source JSON too); refuses anything else with a clear message."""
     out: dict[TopicPartition, int] = {}
     if not doc:
         return out
     if not isinstance(doc, Mapping):
         raise ValueError(f"replikafka stream offsets must be {{\"topic\": {{\"partition\": offset}}}}, got {doc!r}")
     for t, parts in doc.items():
+        if t == TOPIC_IDS_KEY:
+            continue
         if not isinstance(parts, Mapping):
             raise ValueError(f"replikafka stream offsets: topic {t!r} maps to {parts!r}, not an object")
         for p, o in parts.items():
@@ -278,3 +316,84 @@ def offsets_from_json(doc: Mapping | None) -> dict[TopicPartition, int]:
                 raise ValueError(f"replikafka stream offsets: {t}-{p} -> {o!r} is not a partition and offset")
             out[(str(t), int(p))] = o
     return out
+
+
+def topic_ids_from_json(doc: Mapping | None) -> dict[str, str]:
+    """``{"topic": topic_id}`` recorded beside the offsets (empty for a Spark
+    JSON or a checkpoint written before topic ids were recorded)."""
+    ids = (doc or {}).get(TOPIC_IDS_KEY) if isinstance(doc, Mapping) else None
+    if ids is None:
+        return {}
+    if not isinstance(ids, Mapping) or not all(isinstance(v, str) for v in ids.values()):
+        raise ValueError(f"replikafka stream offsets: {TOPIC_IDS_KEY} must map topics to ids, got {ids!r}")
+    return {str(t): v for t, v in ids.items()}
+
+
+# ---------------------------------------------------------------- stream continuity
+@dataclass(frozen=True)
+class Continuity:
+    """What happened to a stream's partitions since its start offsets were
+    fixed (:func:`check_continuity`), and what the stream does about it."""
+    #: Partitions whose topic was deleted and re-created: the new topic's log
+    #: start, where the stream continues (``failOnDataLoss=false``).
+    recreated: dict
+    #: Partitions whose high watermark went below the start with the same
+    #: topic id (truncated): the HW, where the stream continues, as Spark's does.
+    truncated: dict
+    #: Partitions in the start offsets that no longer exist.
+    gone: tuple
+    #: Data-loss reasons, in Spark's words (logged as warnings when not failing).
+    reasons: tuple
+
+
+def check_continuity(begin: Mapping[TopicPartition, int], begin_ids: Mapping[str, str],
+                     bounds: Mapping[TopicPartition, PartitionBounds], ids: Mapping[str, str], *,
+                     fail_on_data_loss: bool) -> Continuity:
+    """Compare a micro-batch's start offsets (and the topic ids recorded with
+    them) with the partitions there are now. Pure.
+
+    - a topic id that changed: the topic was deleted and re-created; its old
+      records are gone, and the new topic's records are read from its start;
+    - a high watermark below the start offset with the same (or an unknown)
+      topic id: the partition lost records at its end (Spark's "offset was
+      changed from X to Y"); reading continues at the HW, as Spark's does;
+    - a partition that no longer exists: Spark's "are gone".
+
+    With ``fail_on_data_loss`` any of these raises :class:`DataLossError`
+    with Spark's message; without, the result says where each partition goes on.
+    """
+    recreated: dict[TopicPartition, int] = {}
+    truncated: dict[TopicPartition, int] = {}
+    reasons: list[str] = []
+    gone = tuple(sorted(tp for tp in begin if tp not in bounds))
+    if gone:
+        reasons.append(f"Partitions {_names(gone)} are gone. Some data may have been missed")
+    for tp, offset in sorted(begin.items()):
+        b = bounds.get(tp)
+        if b is None:
+            continue
+        old_id, new_id = begin_ids.get(tp[0], ""), ids.get(tp[0], "")
+        if old_id and new_id and old_id != new_id:
+            recreated[tp] = b.log_start
+            to = b.high_watermark if b.high_watermark < offset else b.log_start
+            reasons.append(f"Partition {tp[0]}-{tp[1]}'s offset was changed from {offset} to {to}, some data may "
+                           f"have been missed (topic {tp[0]!r} was deleted and re-created: its topic id changed "
+                           f"from {old_id} to {new_id})")
+        elif b.high_watermark < offset:
+            truncated[tp] = b.high_watermark
+            reasons.append(f"Partition {tp[0]}-{tp[1]}'s offset was changed from {offset} to {b.high_watermark}, "
+                           "some data may have been missed")
+    if reasons and fail_on_data_loss:
+        raise DataLossError(reasons[0] + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""))
+    return Continuity(recreated, truncated, gone, tuple(reasons))
+
+
+def added_partition_reasons(fresh: Mapping[TopicPartition, int]) -> list[str]:
+    """Spark's data-loss reason for a partition that joins a stream at a log
+    start other than 0 (its first records were removed before it was seen)."""
+    return [f"Added partition {t}-{p} starts from {o} instead of 0. Some data may have been missed"
+            for (t, p), o in sorted(fresh.items()) if o != 0]
+
+
+def _names(tps) -> str:
+    return "[" + ", ".join(f"{t}-{p}" for t, p in tps) + "]"

@@ -35,6 +35,10 @@ DEFAULT_FETCH_MAX_BYTES = 2 * 1024 * 1024   # measured: an 8 MiB answer costs th
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
 DEFAULT_SINK_CHUNK_ROWS = 4096
+#: Spark's ``fetchOffset.numRetries`` / ``fetchOffset.retryIntervalMs``: how often a
+#: stream asks again when a high watermark is below its offset before calling it data loss.
+DEFAULT_FETCH_OFFSET_RETRIES = 3
+DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS = 10
 
 
 class OptionError(InvalidConfigError):
@@ -54,7 +58,7 @@ SOURCE_OPTIONS = (
     "endingTimestamp", "endingOffsetsByTimestamp",
     "failOnDataLoss", "minPartitions", "maxRecordsPerPartition", "includeHeaders", "columns",
     "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
-    "fetchTimeoutMs", "fetchMaxBytes",
+    "fetchTimeoutMs", "fetchMaxBytes", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
 )
 SINK_OPTIONS = ("bootstrap.servers", "kafka.bootstrap.servers", "topic", "deliveryTimeoutMs", "sinkChunkRows")
 #: Security, as Spark's Kafka source passes client keys through (``kafka.`` + librdkafka's names).
@@ -132,6 +136,8 @@ class SourceOptions:
     max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
     fetch_timeout_ms: int = DEFAULT_FETCH_TIMEOUT_MS
     fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
+    fetch_offset_retries: int = DEFAULT_FETCH_OFFSET_RETRIES
+    fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
     streaming: bool = False
     # (key, value) client security settings; never in repr (plans, logs)
     security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -221,6 +227,10 @@ def parse_int(opts: dict[str, str], name: str, minimum: int = 1) -> int | None:
     if value < minimum:
         raise OptionError(name, f"must be >= {minimum}, got {value}")
     return value
+
+
+def _int_or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def parse_duration_ms(opts: dict[str, str], name: str, default: int) -> int:
@@ -449,6 +459,10 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
         max_trigger_delay_ms=parse_duration_ms(opts, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
         fetch_timeout_ms=parse_int(opts, "fetchTimeoutMs") or DEFAULT_FETCH_TIMEOUT_MS,
         fetch_max_bytes=parse_int(opts, "fetchMaxBytes", minimum=1024) or DEFAULT_FETCH_MAX_BYTES,
+        fetch_offset_retries=_int_or(parse_int(opts, "fetchOffset.numRetries", minimum=0),
+                                     DEFAULT_FETCH_OFFSET_RETRIES),
+        fetch_offset_retry_interval_ms=_int_or(parse_int(opts, "fetchOffset.retryIntervalMs", minimum=0),
+                                               DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS),
         streaming=bool(streaming),
         security=_security(opts),
     )

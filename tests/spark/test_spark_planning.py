@@ -76,14 +76,33 @@ def test_end_beyond_the_high_watermark_is_refused_not_read_short():
 
 
 def test_start_beyond_high_watermark_or_end_is_named():
-    with pytest.raises(OptionError, match="'startingOffsets'.*beyond the high watermark"):
+    """KafkaRelationSuite "SPARK-36576: Resolved start offset greater than end offset": Spark's
+    RESOLVED_START_OFFSET_GREATER_THAN_END_OFFSET, for offsets against latest."""
+    with pytest.raises(OptionError, match="'startingOffsets': The resolved start offset 500 is greater than the "
+                       "resolved end offset 100 for topic events partition 0"):
         plan(opts(startingOffsets='{"events":{"0":500,"1":-2,"2":-2}}'), B)
+
+
+def test_resolved_start_after_an_end_by_timestamp_fails_as_spark():
+    """KafkaRelationSuite "SPARK-36576": startingOffsets past where endingOffsetsByTimestamp
+    resolves is an error (it used to read nothing, silently)."""
+    o = opts(startingOffsets='{"events":{"0":60,"1":-2,"2":-2}}',
+             endingOffsetsByTimestamp='{"events":{"0":5000,"1":5000,"2":5000}}')
+    end_ts = {("events", 0): 40, ("events", 1): 20, ("events", 2): 0}
+    with pytest.raises(OptionError, match="resolved start offset 60 is greater than the resolved end offset 40 "
+                       "for topic events partition 0"):
+        plan(o, B, {}, end_ts)
+    o = opts(startingTimestamp="3000", endingOffsets='{"events":{"0":30,"1":-1,"2":-1}}')
+    with pytest.raises(OptionError, match="'startingTimestamp': The resolved start offset 70 is greater than "
+                       "the resolved end offset 30"):
+        plan(o, B, {("events", 0): 70, ("events", 1): 10, ("events", 2): 0}, {})
 
 
 def test_start_below_log_start_is_data_loss_unless_allowed():
     o = opts(startingOffsets='{"events":{"0":0,"1":3,"2":0}}')
-    with pytest.raises(DataLossError, match="'failOnDataLoss'.*events-1.*\\[3, 10\\)"):
+    with pytest.raises(DataLossError, match="KAFKA_DATA_LOSS: events-1.*\\[3, 10\\)") as info:
         plan(o, B)
+    assert not isinstance(info.value, OptionError) and "failOnDataLoss" in str(info.value)
     o = opts(startingOffsets='{"events":{"0":0,"1":3,"2":0}}', failOnDataLoss="false")
     assert plan(o, B)[1] == OffsetRange("events", 1, 10, 50)
 

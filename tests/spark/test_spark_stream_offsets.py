@@ -10,7 +10,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Read
 
 from replikafka.records import KAFKA_SCHEMA, schema_to_bytes
 from replikafka.spark.arrow_convert import output_layout
-from replikafka.spark.offsets_planning import DataLossError, PartitionBounds
+from replikafka.spark.offsets_planning import DataLossError, PartitionBounds, offsets_from_json, topic_ids_from_json
+from replikafka.spark.options import OptionError
 from replikafka.spark.options import parse_source_options
 from replikafka.spark.stream_reader import StreamReader
 
@@ -26,12 +27,15 @@ class FakeClient:
     def __init__(self):
         self.hw = {}          # (topic, p) -> HW
         self.log_starts = {}
+        self.ids = {}         # topic -> topic id (none: an unknown id)
+        self.bounds_calls = 0
 
     def subscribed(self, sub, require_topics=True):
         tps = sorted(tp for tp in self.hw if sub.matches(tp[0]))
-        return tps, {t: Topic() for t, _ in tps}
+        return tps, {t: Topic(config={"topic.id": self.ids[t]} if t in self.ids else {}) for t, _ in tps}
 
     def bounds(self, tps):
+        self.bounds_calls += 1
         return {tp: PartitionBounds(self.log_starts.get(tp, 0), self.hw[tp]) for tp in tps}
 
     def offsets_for_times(self, queries):
@@ -52,10 +56,10 @@ class Clock:
         return self.t
 
 
-def reader(client, clock=None, **options):
+def reader(client, clock=None, sleeps=None, **options):
     opts = parse_source_options({"bootstrap.servers": "h:1", "subscribePattern": "ev.*", **options}, streaming=True)
     return StreamReader(opts, output_layout(KAFKA_SCHEMA), schema_to_bytes(KAFKA_SCHEMA), client=client,
-                        clock=clock or Clock())
+                        clock=clock or Clock(), sleep=(sleeps.append if sleeps is not None else lambda s: None))
 
 
 def test_initial_offset_latest_earliest_json_and_time():
@@ -132,12 +136,17 @@ def test_available_now_stops_at_the_high_watermarks_seen_when_prepared():
 
 
 def test_new_partitions_enter_at_their_log_start_then_are_read():
+    """KafkaMicroBatchSourceSuite "added partition" cases: a partition that joins
+    at a log start other than 0 is Spark's data loss "Added partition ... starts
+    from 20 instead of 0"; with failOnDataLoss=false it is read from there."""
     c = FakeClient()
     c.hw = {("ev", 0): 10}
-    r = reader(c)
-    start = r.initialOffset()
+    start = reader(c).initialOffset()
     c.hw.update({("ev", 1): 70, ("ev2", 0): 5})
     c.log_starts[("ev", 1)] = 20
+    with pytest.raises(DataLossError, match="Added partition ev-1 starts from 20 instead of 0"):
+        reader(c).latestOffset(start, ReadAllAvailable())
+    r = reader(c, failOnDataLoss="false")
     o1 = r.latestOffset(start, ReadAllAvailable())
     assert o1 == {"ev": {"0": 10, "1": 20}, "ev2": {"0": 0}}              # entered, nothing admitted yet
     assert [(p.topic, p.partition, p.start, p.end) for p in r.partitions(start, o1)] == []
@@ -151,7 +160,7 @@ def test_vanished_partitions_follow_fail_on_data_loss():
     c = FakeClient()
     c.hw = {("ev", 0): 10}
     start = {"ev": {"0": 5}, "evgone": {"0": 3}}
-    with pytest.raises(DataLossError, match="evgone-0"):
+    with pytest.raises(DataLossError, match=r"Partitions \[evgone-0\] are gone"):
         reader(c).latestOffset(start, ReadAllAvailable())
     assert reader(c, failOnDataLoss="false").latestOffset(start, ReadAllAvailable()) == {"ev": {"0": 10}}
 
@@ -162,3 +171,131 @@ def test_partitions_split_and_skip_empty_ranges():
     parts = r.partitions({"ev": {"0": 0, "1": 5}}, {"ev": {"0": 100, "1": 5}})
     assert [(p.partition, p.start, p.end) for p in parts] == [(0, 0, 33), (0, 33, 66), (0, 66, 100)]
     assert r.partitions({"ev": {"0": 7}}, {"ev": {"0": 7}}) == []
+
+
+# ---------------------------------------------------------------- re-created topics (issue 13, item 1)
+def ranges(r, start, end):
+    return [(p.topic, p.partition, p.start, p.end) for p in r.partitions(start, end)]
+
+
+def test_checkpoint_json_is_sparks_with_topic_ids_beside_it():
+    """KafkaSourceOffsetSuite "basic serialization - deserialization": the offsets
+    are Spark's {"topic": {"partition": offset}}; the ids sit under "@topicIds"
+    (not a legal topic name), and a plain Spark JSON without ids still reads."""
+    c = FakeClient()
+    c.hw = {("ev", 0): 10, ("ev", 1): 4}
+    c.ids = {"ev": "id1"}
+    first = reader(c).initialOffset()
+    assert first == {"ev": {"0": 10, "1": 4}, "@topicIds": {"ev": "id1"}}
+    assert offsets_from_json(first) == {("ev", 0): 10, ("ev", 1): 4}
+    assert topic_ids_from_json(first) == {"ev": "id1"}
+    assert offsets_from_json({"ev": {"0": 10}}) == {("ev", 0): 10} and topic_ids_from_json({"ev": {"0": 10}}) == {}
+
+
+@pytest.mark.parametrize("new_hw", [3, 25])
+def test_recreated_topic_fails_the_stream_with_fail_on_data_loss(new_hw):
+    """KafkaMicroBatchSourceSuite "subscribe topic by pattern with topic recreation between batches"
+    (failOnDataLoss=true): Spark fails with "offset was changed from X to Y". The topic id catches it
+    even when the new topic already holds more records than the old offset (new_hw=25)."""
+    c = FakeClient()
+    c.hw = {("ev", 0): 10}
+    c.ids = {"ev": "old"}
+    r = reader(c)
+    start = r.initialOffset()
+    c.hw, c.ids = {("ev", 0): new_hw}, {"ev": "new"}
+    to = new_hw if new_hw < 10 else 0
+    with pytest.raises(DataLossError, match=f"Partition ev-0's offset was changed from 10 to {to}.*re-created") as e:
+        r.latestOffset(start, ReadAllAvailable())
+    assert e.value.code == "KAFKA_DATA_LOSS" and not isinstance(e.value, OptionError)
+    # A restarted query (a new reader, nothing in memory) finds the same from the checkpoint's ids.
+    with pytest.raises(DataLossError, match="was changed from 10"):
+        reader(c).latestOffset(start, ReadMaxRows(5))
+
+
+def test_recreated_topic_is_read_from_its_start_without_fail_on_data_loss():
+    """KafkaDontFailOnDataLossSuite: with failOnDataLoss=false the stream goes on; the
+    re-created topic's records are all delivered, none twice, none of the old topic again."""
+    c = FakeClient()
+    c.hw = {("ev", 0): 10, ("ev", 1): 10}
+    c.ids = {"ev": "old"}
+    r = reader(c, failOnDataLoss="false")
+    start = r.initialOffset()
+    c.hw, c.ids = {("ev", 0): 25, ("ev", 1): 4}, {"ev": "new"}
+    o1 = r.latestOffset(start, ReadAllAvailable())
+    assert o1 == {"ev": {"0": 0, "1": 0}, "@topicIds": {"ev": "new"}}     # entered at the new log start
+    assert ranges(r, start, o1) == []                                     # nothing of either topic in that batch
+    o2 = reader(c, failOnDataLoss="false").latestOffset(o1, ReadAllAvailable())   # after a restart, too
+    assert o2 == {"ev": {"0": 25, "1": 4}, "@topicIds": {"ev": "new"}}
+    assert ranges(r, o1, o2) == [("ev", 0, 0, 25), ("ev", 1, 0, 4)]
+    # The batch that crossed the re-creation, replayed after a restart with failOnDataLoss=true, fails.
+    with pytest.raises(DataLossError, match="re-created"):
+        reader(c).partitions(start, o1)
+
+
+def test_high_watermark_that_went_back_is_asked_again_then_is_data_loss():
+    """KafkaOffsetReaderSuite / KafkaMicroBatchSourceSuite "offset was changed": a HW below the
+    start under the same (or an unknown) topic id is asked again fetchOffset.numRetries times,
+    then fails (true) or continues at that HW as Spark does (false)."""
+    c = FakeClient()
+    c.hw = {("ev", 0): 3}
+    start = {"ev": {"0": 10}}                         # a checkpoint written without topic ids
+    sleeps = []
+    with pytest.raises(DataLossError, match="Partition ev-0's offset was changed from 10 to 3"):
+        reader(c, sleeps=sleeps, **{"fetchOffset.retryIntervalMs": "7"}).latestOffset(start, ReadAllAvailable())
+    assert sleeps == [0.007] * 3 and c.bounds_calls == 4
+    r = reader(c, failOnDataLoss="false")
+    o1 = r.latestOffset(start, ReadAllAvailable())
+    assert o1 == {"ev": {"0": 3}}
+    assert ranges(r, start, o1) == []
+    c.hw = {("ev", 0): 8}
+    assert ranges(r, o1, r.latestOffset(o1, ReadAllAvailable())) == [("ev", 0, 3, 8)]
+
+
+def test_high_watermark_back_for_a_moment_is_no_data_loss():
+    """A leader that had not caught up answers a lower HW once; the retry sees the real one."""
+    c = FakeClient()
+    c.hw = {("ev", 0): 3}
+    original = c.bounds
+
+    def recovering(tps):
+        out = original(tps)
+        c.hw = {("ev", 0): 12}
+        return out
+    c.bounds = recovering
+    assert reader(c).latestOffset({"ev": {"0": 10}}, ReadAllAvailable()) == {"ev": {"0": 12}}
+
+
+def test_available_now_fails_on_a_topic_recreated_before_it_started():
+    """KafkaMicroBatchSourceSuite Trigger.AvailableNow with topic recreation: Spark fails
+    (failOnDataLoss=true); it never reads the old topic's offsets into the new one."""
+    c = FakeClient()
+    c.hw = {("ev", 0): 10}
+    c.ids = {"ev": "old"}
+    start = reader(c).initialOffset()
+    c.hw, c.ids = {("ev", 0): 30}, {"ev": "new"}
+    r = reader(c)
+    r.prepareForTriggerAvailableNow()
+    with pytest.raises(DataLossError, match="was changed from 10 to 0"):
+        r.latestOffset(start, ReadAllAvailable())
+    # failOnDataLoss=false: the new topic is read from its start up to what was there when prepared.
+    r = reader(c, failOnDataLoss="false")
+    r.prepareForTriggerAvailableNow()
+    o1 = r.latestOffset(start, ReadAllAvailable())
+    assert ranges(r, start, o1) == []
+    c.hw = {("ev", 0): 50}
+    o2 = r.latestOffset(o1, ReadAllAvailable())
+    assert ranges(r, o1, o2) == [("ev", 0, 0, 30)]
+    assert r.latestOffset(o2, ReadAllAvailable()) == o2                     # done
+
+
+def test_available_now_reads_nothing_of_a_topic_recreated_after_it_was_prepared():
+    c = FakeClient()
+    c.hw = {("ev", 0): 10}
+    c.ids = {"ev": "old"}
+    r = reader(c, failOnDataLoss="false")
+    start = r.initialOffset()
+    r.prepareForTriggerAvailableNow()
+    c.hw, c.ids = {("ev", 0): 40}, {"ev": "new"}
+    o1 = r.latestOffset(start, ReadAllAvailable())
+    o2 = r.latestOffset(o1, ReadAllAvailable())
+    assert ranges(r, start, o1) == [] and ranges(r, o1, o2) == [] and o2 == o1

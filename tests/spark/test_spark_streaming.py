@@ -49,7 +49,9 @@ def test_available_now_with_max_offsets_per_trigger(spark, bootstrap, topics, ch
     sizes = [p["numInputRows"] for p in progress if p["numInputRows"]]
     assert sum(sizes) == 1000 and max(sizes) <= 250 and len(sizes) == 4
     first = progress[0]["sources"][0]
-    assert json.loads(first["endOffset"]) == {t: {"0": 225, "1": 22, "2": 3}}      # shared by backlog
+    end = json.loads(first["endOffset"])
+    assert {k: v for k, v in end.items() if k != "@topicIds"} == {t: {"0": 225, "1": 22, "2": 3}}   # by backlog
+    assert set(end["@topicIds"]) == {t}
     assert json.loads(first["latestOffset"]) == {t: {"0": 900, "1": 90, "2": 10}}  # reportLatestOffset
     want = [(0, i) for i in range(900)] + [(1, i) for i in range(90)] + [(2, i) for i in range(10)]
     assert sink_rows(spark, str(tmp_path / "out")) == want
@@ -67,7 +69,10 @@ def test_restart_from_checkpoint_continues_exactly_where_it_stopped(spark, boots
     assert sink_rows(spark, out) == [(0, i) for i in range(350)] + [(1, i) for i in range(550)]
     offsets = sorted(os.listdir(os.path.join(checkpoint, "offsets")), key=lambda n: int(n) if n.isdigit() else -1)
     last = open(os.path.join(checkpoint, "offsets", offsets[-1])).read().splitlines()[-1]
-    assert json.loads(last) == {t: {"0": 350, "1": 550}}                 # Spark Kafka source's JSON
+    doc = json.loads(last)
+    ids = doc.pop("@topicIds")                                          # the topic id, beside Spark's JSON
+    assert doc == {t: {"0": 350, "1": 550}}                             # Spark Kafka source's JSON
+    assert list(ids) == [t] and len(ids[t]) == 32
 
 
 def test_a_replayed_batch_reads_exactly_the_same_records(spark, bootstrap, topics, checkpoint, tmp_path):
