@@ -32,7 +32,6 @@ then an ordinary top-level package.
 from __future__ import annotations
 
 import os
-import pkgutil
 import sys
 import tempfile
 from pathlib import Path
@@ -40,48 +39,72 @@ from pathlib import Path
 PACKAGE = "pyspark_replikafka"
 
 
-def _discoverable() -> bool:
-    return any(m.name == PACKAGE for m in pkgutil.iter_modules())
-
-
 def _package_dir() -> Path | None:
     here = Path(__file__).resolve().parent / PACKAGE
     return here if (here / "__init__.py").exists() else None
 
 
+#: Written into the shim directory as ``sitecustomize.py`` (see point 3 above).
+_SITECUSTOMIZE = '''"""replikafka: import the installed pyspark rather than the same pyspark from
+its own python/lib/pyspark.zip (compiled afresh by every worker otherwise)."""
+import os as _os
+import sys as _sys
+
+
+def _prefer_installed_pyspark():
+    for i, entry in enumerate(list(_sys.path)):
+        if not entry.endswith(_os.sep + "pyspark.zip"):
+            continue
+        lib = _os.path.dirname(entry)                                  # .../site-packages/pyspark/python/lib
+        site = _os.path.dirname(_os.path.dirname(_os.path.dirname(lib)))
+        if _os.path.basename(_os.path.dirname(_os.path.dirname(lib))) != "pyspark" or site not in _sys.path:
+            return
+        _sys.path.remove(entry)
+        _sys.path.insert(_sys.path.index(site) + 1, entry)
+        return
+
+
+_prefer_installed_pyspark()
+'''
+
+
 def shim_dir() -> Path | None:
-    """A directory whose only entry links to the ``pyspark_replikafka`` package
-    (created on first use), or None when no source tree is at hand."""
+    """A directory put first on the workers' ``PYTHONPATH`` (created on first
+    use): a link to the ``pyspark_replikafka`` package when it is not
+    discoverable otherwise, and the ``sitecustomize`` of point 3."""
     pkg = _package_dir()
-    if pkg is None:
-        return None
     base = Path(tempfile.gettempdir()) / f"replikafka-spark-path-{os.getuid()}"
     link = base / PACKAGE
     try:
         base.mkdir(mode=0o700, exist_ok=True)
-        if link.is_symlink() and Path(os.readlink(link)) != pkg:
-            link.unlink()
-        if not link.exists():
-            link.symlink_to(pkg, target_is_directory=True)
+        if pkg is not None:
+            if link.is_symlink() and Path(os.readlink(link)) != pkg:
+                link.unlink()
+            if not link.exists():
+                link.symlink_to(pkg, target_is_directory=True)
+        custom = base / "sitecustomize.py"
+        if not custom.exists() or custom.read_text() != _SITECUSTOMIZE:
+            tmp = base / f".sitecustomize.{os.getpid()}"
+            tmp.write_text(_SITECUSTOMIZE)
+            tmp.replace(custom)
     except OSError:
         return None
     return base
 
 
 def prepare_spark_environment(env: dict | None = None) -> dict[str, str]:
-    """Set ``PYSPARK_PYTHON`` (if unset) and, for an editable install, the
+    """Set ``PYSPARK_PYTHON`` (if unset) and put the shim directory first on the
     workers' ``PYTHONPATH``; returns what it changed. Call it before the first
     SparkSession of the process is created."""
     env = os.environ if env is None else env
     changed: dict[str, str] = {}
     if not env.get("PYSPARK_PYTHON"):
         env["PYSPARK_PYTHON"] = changed["PYSPARK_PYTHON"] = sys.executable
-    if not _discoverable():
-        shim = shim_dir()
-        if shim is not None:
-            parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-            if str(shim) not in parts:
-                env["PYTHONPATH"] = changed["PYTHONPATH"] = os.pathsep.join([str(shim)] + parts)
+    shim = shim_dir()
+    if shim is not None:
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(shim) not in parts:
+            env["PYTHONPATH"] = changed["PYTHONPATH"] = os.pathsep.join([str(shim)] + parts)
     return changed
 
 
