@@ -3,7 +3,7 @@
 #   ./build.sh test [pytest args]   set up .venv, generate stubs, run the default test suite
 #   ./build.sh test --long          also the long fault-injection and fuzz runs
 #   ./build.sh demo                 ZooKeeper + 3 brokers, produce, read with Spark, kill a broker
-#   ./build.sh bench [storage|cluster|replication|spark ...]   benchmarks, printed as a table
+#   ./build.sh bench [storage|cluster|replication|spark|scale ...]   benchmarks, printed as a table
 #   ./build.sh setup                only set up .venv and generate stubs
 #   ./build.sh dist                 build dist/replikafka-<version>-py3-none-any.whl
 set -euo pipefail

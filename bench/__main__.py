@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-NAMES = ["storage", "cluster", "replication", "spark", "tls"]
+NAMES = ["storage", "cluster", "replication", "spark", "tls", "scale"]
 
 
 def _fmt(v):

@@ -476,6 +476,10 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "fsync data older than this; unset = log.flush.scheduler.interval.ms.", Range(0, LONG_MAX)),
     _k("log.flush.scheduler.interval.ms", LONG, LONG_MAX, "ms",
        "How often the flusher checks whether a partition needs an fsync.", Range(0, LONG_MAX)),
+    _k("log.idle.release.ms", LONG, 60000, "ms",
+       "A partition neither written nor read for this long closes its files and memory maps "
+       "(reopened on the next use), so open files follow busy partitions, not partitions.",
+       Range(0, LONG_MAX)),
     # topics and leadership
     _k("delete.topic.enable", BOOLEAN, True, "bool", "Allow topics to be deleted."),
     _k("auto.leader.rebalance.enable", BOOLEAN, True, "bool",

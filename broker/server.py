@@ -81,8 +81,11 @@ class PartitionLogs:
             existing = None
         log_ = existing or self.manager.get_or_create_log(topic, partition, schema, cfg)
         if topic_id and self.topic_id_of(log_) != topic_id:
+            # Not fsynced (thousands of partitions are created at once): a file lost
+            # in a crash reads as no topic id and is written again by the next
+            # LeaderAndIsr, as Kafka flushes partition.metadata with the log.
             atomic_write_bytes(os.path.join(log_.dir, self.METADATA_FILE),
-                               f"version: 0\ntopic_id: {topic_id}\n".encode())
+                               f"version: 0\ntopic_id: {topic_id}\n".encode(), durable=False)
         return log_
 
     def checkpointed_hw(self, tp) -> int:
@@ -134,7 +137,7 @@ class BrokerServer:
         self.channel_credentials = self.security.channel_credentials()
         self.log_manager = LogManager(list(cfg.get("log.dirs")), log_config_for_topic(cfg, {}),
                                       topic_config=self._topic_log_config, topic_schema=self._topic_schema,
-                                      clock=self.clock)
+                                      clock=self.clock, idle_release_ms=cfg.get("log.idle.release.ms"))
         self._delete_unassigned()
         self.logs = PartitionLogs(cfg, self.log_manager)
         self.metadata = MetadataCache()

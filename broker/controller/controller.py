@@ -365,9 +365,9 @@ class Controller:
         self.store.create_partition_states(new)
         # Re-read: a partition created by an earlier controller keeps its state.
         ctx.states.update(self.store.get_partition_states(tps))
-        for tp in tps:
-            state_log.info("controller %d epoch %d: %s-%d NewPartition -> %s", self.broker_id, ctx.epoch,
-                           tp[0], tp[1], ctx.states.get(tp, (None,))[0])
+        if state_change_log.enabled():  # one record for the batch (a line per partition)
+            state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} "
+                                        f"NewPartition -> {ctx.states.get(tp, (None,))[0]}" for tp in tps])
 
     def _on_isr_change(self) -> None:
         if not self.active:

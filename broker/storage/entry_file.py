@@ -1,6 +1,7 @@
 """The file mechanics shared by the segment indexes: a flat file of fixed-width
 numpy records, no header.
 
+A missing file is an empty index (an index with no entries has no file).
 Loaded whole with np.fromfile (a torn tail is noticed, not trusted); new
 entries are kept in memory and appended to the file by `write_pending` (on
 flush, seal and close), which saves a syscall per entry; `reset` rewrites the
@@ -60,14 +61,18 @@ class EntryFile:
         entries[n] = entry
         self._state = (entries, n + 1)
 
-    def write_pending(self) -> None:
-        """Append the entries not yet in the file."""
+    def write_pending(self) -> bool:
+        """Append the entries not yet in the file. True if that created the file
+        (its directory entry then needs an fsync)."""
         entries, n = self._state
+        created = False
         if n > self._persisted:
             if self._fd is None:
+                created = not os.path.exists(self.path)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             os.write(self._fd, entries[self._persisted:n].tobytes())
             self._persisted = n
+        return created
 
     def _keep_first(self, keep: int) -> None:
         """Drop every entry from index `keep` on (rewrites the file if any go)."""
@@ -76,10 +81,17 @@ class EntryFile:
             self.reset(entries[:keep].copy())
 
     def reset(self, entries: np.ndarray | list[tuple]) -> None:
-        """Replace all entries (raw fields, as stored) and rewrite the file."""
+        """Replace all entries (raw fields, as stored) and rewrite the file (no
+        entries: no file, which loads as empty)."""
         arr = entries if isinstance(entries, np.ndarray) else np.array(entries, dtype=self.DTYPE)
         self._close_fd()
-        replace_cache_file(self.path, arr.tobytes())
+        if len(arr):
+            replace_cache_file(self.path, arr.tobytes())
+        else:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
         self._torn = False
         self._set(arr)
 
@@ -89,6 +101,10 @@ class EntryFile:
         cap[:n] = entries
         self._state = (cap, n)
         self._persisted = n
+
+    @property
+    def has_fd(self) -> bool:
+        return self._fd is not None
 
     def fsync(self) -> None:
         fsync_path(self.path)

@@ -93,16 +93,20 @@ def replace_cache_file(path: str, data) -> None:
     os.close(write_new_file(path, data))
 
 
-def atomic_write_bytes(path: str, data, *, sync_dir: bool = True) -> None:
+def atomic_write_bytes(path: str, data, *, sync_dir: bool = True, durable: bool = True) -> None:
     """Replace `path` with `data` atomically and durably (tmp, fsync, rename, fsync dir).
 
     `sync_dir=False` leaves the directory fsync to the caller (who batches it).
+    `durable=False` skips both fsyncs: after a crash `path` holds the old content,
+    the new, or (the rename reached disk before the data) an empty file; for files
+    whose loss is repaired (written again) by their owner.
     """
     tmp = path + TMP_SUFFIX
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         write_all(fd, data)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         _unlink_quietly(tmp)
@@ -113,7 +117,7 @@ def atomic_write_bytes(path: str, data, *, sync_dir: bool = True) -> None:
     except BaseException:
         _unlink_quietly(tmp)
         raise
-    if sync_dir:
+    if sync_dir and durable:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 

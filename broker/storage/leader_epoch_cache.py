@@ -7,8 +7,10 @@ On disk, Kafka's format, text::
     <epoch> <start offset>     N lines, epochs and start offsets increasing
 
 Entry (e, s) means: leader epoch e wrote its first record at offset s. The
-file is rewritten (tmp, fsync, rename, fsync dir) on every change, which is
-rare: once per leader change, truncation or log-start move.
+file is rewritten (tmp, fsync, rename, fsync dir) at once on a truncation or
+log-start move; a new epoch (`assign`) and a load's truncation (`truncate_from_end`
+with durable=False) are written by the log's next flush, before its recovery
+point passes them.
 
 Thread-safety: all methods take the cache's own lock; safe to share.
 """
@@ -157,13 +159,21 @@ class LeaderEpochFileCache:
             if self._dirty:
                 self._write()
 
-    def truncate_from_end(self, end_offset: int) -> None:
-        """Drop entries starting at or after `end_offset` (the log was truncated there)."""
+    def truncate_from_end(self, end_offset: int, durable: bool = True) -> None:
+        """Drop entries starting at or after `end_offset` (the log was truncated there).
+
+        `durable=False` (log loading) only marks the file dirty: what it drops is
+        re-derived by every later load (entries at or past the first segment that
+        load scans are rebuilt from the batches), and the log flushes the file
+        before its recovery point passes the offsets concerned."""
         with self._lock:
             kept = [e for e in self._entries if e.start_offset < end_offset]
             if len(kept) != len(self._entries):
                 self._entries = kept
-                self._write()
+                if durable:
+                    self._write()
+                else:
+                    self._dirty = True
 
     def truncate_from_start(self, start_offset: int) -> None:
         """The log now starts at `start_offset`: drop entries wholly below it and move

@@ -12,7 +12,8 @@ has offset b + r. Segment i+1's base offset is segment i's end offset. The
 last segment is the active one (appends go there); the others are sealed.
 
 Thread-safety: thread-safe. One lock serialises every mutation (append,
-roll, truncation, retention, close). Readers take no lock: they read one
+roll, truncation, retention, close, and `release_if_idle`, which gives an idle
+log's descriptors and mappings back: they reopen on the next use). Readers take no lock: they read one
 immutable `_View` (segment tuple, log start, log end) published after each
 mutation and read zero-copy from the segments' mappings. Data files never
 shrink in place and a truncated or deleted segment object is retired (it keeps
@@ -157,6 +158,8 @@ class Log:
         self._recovery_point = 0
         self._generation = 0            # bumped when offsets below the LEO are rewritten
         self._dir_dirty = False         # files created or renamed since the last directory fsync
+        self._parent_dir_dirty = False  # this directory was created since the last flush
+        self._last_used_ms = clock.time_ms()   # last append or read (idle logs release files and maps)
         self._last_flush_ms = clock.time_ms()
         self._closed = False
         self._closing = False
@@ -176,6 +179,7 @@ class Log:
         the log is cut at the first invalid batch (see `LogSegment.recover`).
         """
         _validate_config(config)
+        created = not os.path.isdir(dir)
         os.makedirs(dir, exist_ok=True)
         bases = cls._list_segments(dir)
         if schema is None:
@@ -184,6 +188,8 @@ class Log:
             schema = LogSegment.open_existing(dir, bases[0], pa.schema([]), 0, 0).read_file_schema()
         validate_schema(schema)
         self = cls(dir, config, schema, clock or SYSTEM_CLOCK)
+        # A new directory's entry in the log dir is made durable by the first flush.
+        self._parent_dir_dirty = created
         self._load(bases, recovery_point, log_start_offset, clean)
         return self
 
@@ -222,7 +228,12 @@ class Log:
             kept.append(segs[i])
             stats["trusted_segments"] += 1
             i += 1
-        # The rest is scanned; the first segment that ends early ends the log.
+        # The rest is scanned; the first segment that ends early ends the log. Epoch
+        # entries from where the scan starts are rebuilt from the scanned batches
+        # (the file may hold entries a crash kept from being rewritten).
+        scanned_from = bases[i] if i < len(segs) else None
+        if scanned_from is not None:
+            self._epoch_cache.truncate_from_end(scanned_from, durable=False)
         while i < len(segs):
             seg = segs[i]
             if kept and seg.base_offset != kept[-1].next_offset:
@@ -251,16 +262,19 @@ class Log:
             kept = [self._new_segment(max(log_start_offset, bases[0] if bases else 0))]
         elif kept[-1].sealed:
             kept = kept + [self._new_segment(kept[-1].next_offset)]
+        if stats["deleted_segments"]:
+            self._dir_dirty = True
         self._segments = kept
         self._leo = self._segments[-1].next_offset
         self._log_start = max(log_start_offset, self._segments[0].base_offset)
-        # What the scan validated becomes durable, so the recovery point can move to the end.
-        for seg in recovered:
-            seg.flush()
-        fsync_dir(self._dir)
-        self._dir_dirty = False
-        self._recovery_point = self._leo
-        self._epoch_cache.truncate_from_end(self._leo)
+        # Loading fsyncs nothing (at 50,000 partitions an fsync each is minutes): as
+        # in Kafka, what the scan validated stays above the recovery point, so a
+        # crash before the next flush scans it again; new or deleted files make
+        # the directory dirty for that flush.
+        self._recovery_point = self._leo if not recovered else min(recovery_point, self._leo)
+        self._epoch_cache.truncate_from_end(self._leo, durable=False)
+        for seg in self._segments:
+            seg.release()      # a loaded log holds no descriptor or mapping until used
         if self._log_start > self._leo:
             # Unflushed data below the checkpointed log start was lost: start afresh there.
             self._truncate_fully_locked(self._log_start)
@@ -419,7 +433,7 @@ class Log:
     def _write_messages(self, messages: Sequence[bf.EncodedMessage]) -> int:
         """Append messages to the active segment, rolling as needed. Caller holds
         the lock. Publishes the new log end even if a later write fails."""
-        now = self._clock.time_ms()
+        now = self._last_used_ms = self._clock.time_ms()
         written = 0
         try:
             for m in messages:
@@ -433,6 +447,22 @@ class Log:
         finally:
             self._publish()
         return written
+
+    def release_if_idle(self, now_ms: int, idle_ms: int) -> bool:
+        """If neither written nor read for `idle_ms`, give back every segment's
+        descriptors and mapping (they reopen on the next use). True if it did."""
+        if now_ms - self._last_used_ms < idle_ms:
+            return False
+        with self._lock:
+            if self._closed or self._closing:
+                return False
+            released = False
+            for seg in self._segments:
+                if seg.holds_resources:
+                    if seg.release():
+                        self._dir_dirty = True
+                    released = True
+            return released
 
     def _maybe_flush_by_messages(self) -> None:
         if self._leo - self._recovery_point >= self._config.flush_interval_messages:
@@ -498,6 +528,7 @@ class Log:
         or deletion pulled files from under the view (a missing or rewritten file),
         wait for that mutation to finish by taking the lock once, then retry on the
         view it published. The same error on an unchanged view is real: raise it."""
+        self._last_used_ms = self._clock.time_ms()
         for _ in range(3):
             view = self._view
             try:
@@ -738,17 +769,21 @@ class Log:
             with self._lock:
                 target = self._leo if up_to is None else min(up_to, self._leo)
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
-                if target <= self._recovery_point and not dir_dirty:
+                parent_dirty, self._parent_dir_dirty = self._parent_dir_dirty, False
+                if target <= self._recovery_point and not dir_dirty and not parent_dirty:
                     return
                 segs = [s for s in self._segments
                         if s.next_offset > self._recovery_point and s.base_offset < target]
                 for seg in segs:
-                    seg.write_pending_index_entries()
+                    if seg.write_pending_index_entries():
+                        dir_dirty = True
                 generation = self._generation
             for seg in segs:
                 seg.fsync()
             if dir_dirty:
                 fsync_dir(self._dir)
+            if parent_dirty:
+                fsync_dir(os.path.dirname(os.path.abspath(self._dir)))
             with self._lock:
                 # A truncation meanwhile may have rewritten offsets below target.
                 if self._generation == generation and target > self._recovery_point:

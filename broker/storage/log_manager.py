@@ -12,11 +12,15 @@ On disk, per log dir::
 
 At construction every partition dir is loaded; a dir without the clean
 marker is recovered from its checkpointed recovery points. The marker is
-deleted once loading is done and written again by `close()`.
+deleted once loading is done and written again by `close()`. Loading and
+creating logs fsync nothing per partition (each log's first flush makes its
+new files and directory durable), and a log holds descriptors and mappings
+only while used: `do_work` releases those of logs idle for `idle_release_ms`,
+so open files and mappings follow the busy partitions, not the partition count.
 
 `do_work(now_ms)` is one pass of background maintenance (retention,
-time-based roll, time-based flush, checkpoints); `start_background` runs it
-on a stoppable daemon thread.
+time-based roll, time-based flush, idle release, checkpoints);
+`start_background` runs it on a stoppable daemon thread.
 
 Thread-safety: thread-safe. A lock guards the table of logs; each Log is
 itself thread-safe; do_work may run concurrently with get/create/delete.
@@ -92,10 +96,12 @@ class LogManager:
     def __init__(self, log_dirs: list[str], default_config: LogConfig = LogConfig(), *,
                  topic_config: Callable[[str], LogConfig] | None = None,
                  topic_schema: Callable[[str], pa.Schema | None] | None = None,
-                 clock=None):
+                 clock=None, idle_release_ms: int = 60_000):
         """Lock and load every log dir.
 
         `topic_config(topic)` gives a topic's LogConfig (default: `default_config`).
+        `idle_release_ms`: a log neither written nor read for this long gives back
+        its descriptors and mappings (ms).
         `topic_schema(topic)` gives its schema; None (or no callable) means the
         schema stored in the log's own segments.
         """
@@ -105,6 +111,7 @@ class LogManager:
         self._topic_config = topic_config or (lambda topic: default_config)
         self._topic_schema = topic_schema or (lambda topic: None)
         self._clock = clock or SYSTEM_CLOCK
+        self._idle_release_ms = idle_release_ms
         self._lock = threading.RLock()
         self._logs: dict[TopicPartition, Log] = {}
         self._log_dir_of: dict[TopicPartition, _LogDir] = {}
@@ -191,7 +198,6 @@ class LogManager:
                 min(self._dirs, key=lambda x: sum(1 for v in self._log_dir_of.values() if v is x))
             path = os.path.join(d.path, partition_dir_name(topic, partition))
             log_ = Log.open(path, config or self._topic_config(topic), schema, clock=self._clock)
-            fsync_dir(d.path)
             self._logs[tp] = log_
             self._log_dir_of[tp] = d
             return log_
@@ -250,15 +256,17 @@ class LogManager:
     # ---- background work -------------------------------------------------------------
     def do_work(self, now_ms: int | None = None) -> dict[str, int]:
         """One maintenance pass over every log: retention, time-based roll,
-        time-based flush (and flush of rolled segments), then the recovery-point
+        time-based flush (and flush of rolled segments), release of idle logs'
+        descriptors and mappings, then the recovery-point
         and log-start checkpoints. Returns counts of what it did."""
         now = self._clock.time_ms() if now_ms is None else now_ms
-        done = dict(deleted_segments=0, rolled=0, flushed=0)
+        done = dict(deleted_segments=0, rolled=0, flushed=0, released=0)
         for log_ in self.logs().values():
             try:
                 done["deleted_segments"] += log_.enforce_retention(now)
                 done["rolled"] += log_.roll_if_due(now)
                 done["flushed"] += log_.flush_if_due(now)
+                done["released"] += log_.release_if_idle(now, self._idle_release_ms)
             except (OSError, StorageError):
                 log.exception("maintenance of %s failed", log_.dir)
         self.checkpoint_recovery_points()

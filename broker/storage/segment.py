@@ -15,6 +15,12 @@ reads any complete segment. Beside it: `<base>.index` (`OffsetIndex`) and
 Writes are positional: one pwritev per message at the committed size (the
 message's pieces: its metadata plus zero-copy views of the batch buffers).
 
+Resources are held only while used: the write descriptor is opened by the first
+append, the mapping by the first read, the index files' descriptors by their
+first write; `release` gives all of them back (the Log calls it when idle), so
+a broker's descriptors and mappings follow its busy partitions, not its count
+of partitions.
+
 mmap safety: reads hand out zero-copy slices of a `pa.memory_map` of the data
 file, so a data file never shrinks in place (touching a mapped page past EOF
 raises SIGBUS). It only grows by appends; any truncation writes the kept
@@ -112,8 +118,10 @@ class LogSegment:
         """A new empty segment: the data file holds only the schema message."""
         seg = cls(directory, base_offset, schema, len(schema_msg), index_interval_bytes, created_ms)
         # No fsync here (the log's next flush fsyncs the file and the directory);
-        # a schema message torn by a crash is repaired by recovery.
-        seg._fd = write_new_file(seg.path, schema_msg)
+        # a schema message torn by a crash is repaired by recovery. The write
+        # descriptor is opened again by the first append (descriptors are held
+        # only while a segment is in use), and empty indexes are absent files.
+        os.close(write_new_file(seg.path, schema_msg))
         seg.offset_index.reset([])
         seg.time_index.reset([])
         return seg
@@ -170,8 +178,6 @@ class LogSegment:
         problem = self.time_index.sanity_check(self.next_offset)
         if problem:
             return problem
-        if not self.sealed:
-            self._open_for_append()
         return None
 
     def _scan_tail(self) -> str | None:
@@ -271,8 +277,6 @@ class LogSegment:
         self.offset_index.reset(offset_entries)
         self.time_index.reset(time_entries)
         self._close_fd()
-        if not sealed:
-            self._open_for_append()
 
     # ---- properties ----------------------------------------------------------
     @property
@@ -294,6 +298,7 @@ class LogSegment:
 
     # ---- appending -----------------------------------------------------------
     def _open_for_append(self) -> None:
+        """The write descriptor, opened on first use (released by `release`)."""
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY)
 
@@ -309,8 +314,9 @@ class LogSegment:
     def append(self, message: bf.EncodedMessage) -> bf.BatchHeader:
         """Append one stored batch (encoded and validated); an unsealed message is
         sealed (CRC computed) first. Returns the header as written."""
-        if self.sealed or self._fd is None:
-            raise StorageError(f"{self.path}: append to a sealed or closed segment")
+        if self.sealed or self._retired:
+            raise StorageError(f"{self.path}: append to a sealed or retired segment")
+        self._open_for_append()
         pos = self.size
         if not message.sealed:
             message = message.seal(message.body_crc())
@@ -342,6 +348,7 @@ class LogSegment:
         """Write the end-of-stream marker: the segment is now read-only."""
         if self.sealed:
             return
+        self._open_for_append()
         pwritev_all(self._fd, [bf.END_OF_STREAM], self.size)
         self.size += len(bf.END_OF_STREAM)
         self.sealed = True
@@ -453,7 +460,6 @@ class LogSegment:
             seg.time_index.maybe_append(header.max_timestamp_ms, header.base_offset)
         seg._bytes_since_index_entry = seg.size - (offset_entries[-1][1] if offset_entries
                                                    else seg.schema_size)
-        seg._open_for_append()
         return seg
 
     def _retire(self) -> None:
@@ -490,10 +496,11 @@ class LogSegment:
         fsync_dir(self.dir)
 
     # ---- durability and lifecycle ----------------------------------------------
-    def write_pending_index_entries(self) -> None:
-        """Put index entries kept in memory into the index files (under the Log's lock)."""
-        self.offset_index.write_pending()
-        self.time_index.write_pending()
+    def write_pending_index_entries(self) -> bool:
+        """Put index entries kept in memory into the index files (under the Log's lock).
+        True if an index file was created (the directory needs an fsync)."""
+        created = self.offset_index.write_pending()
+        return self.time_index.write_pending() or created
 
     def fsync(self) -> None:
         """fsync the data file and both indexes by path: safe to run without the
@@ -517,6 +524,23 @@ class LogSegment:
         self._close_fd()
         self.offset_index.close()
         self.time_index.close()
+
+    def release(self) -> bool:
+        """An idle segment gives back its descriptors and its mapping (under the
+        Log's lock). The next append or read opens or maps again; readers still
+        holding slices of the old mapping keep it alive. True if writing the
+        pending index entries created an index file (the directory needs an fsync)."""
+        created = self.write_pending_index_entries()
+        self.close()
+        with self._map_lock:
+            self._buf = None
+        return created
+
+    @property
+    def holds_resources(self) -> bool:
+        """Whether a descriptor or a mapping is open (see `release`)."""
+        return (self._fd is not None or self._buf is not None or self.offset_index.has_fd
+                or self.time_index.has_fd)
 
     def delete(self) -> None:
         """Unlink the segment's files (safe while mapped: the inode lives on until

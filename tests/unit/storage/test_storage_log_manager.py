@@ -193,3 +193,42 @@ def test_background_thread_runs_and_stops(tmp_path):
     lm.stop_background()
     assert lm._thread is None
     lm.close()
+
+
+def _open_files_under(root) -> set[str]:
+    """Paths under `root` this process holds open (descriptors) or mapped."""
+    root = str(root)
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(root) and not target.endswith(".lock"):
+            held.add(target)
+    with open("/proc/self/maps") as f:
+        held |= {line.split()[-1] for line in f if line.rstrip().endswith(".arrows") and root in line}
+    return held
+
+
+def test_descriptors_and_mappings_follow_use_not_partition_count(tmp_path):
+    clock = ManualClock(T0)
+    lm = manager([tmp_path], clock=clock, idle_release_ms=1000)
+    logs = [lm.get_or_create_log("t", p, SCHEMA) for p in range(20)]
+    assert _open_files_under(tmp_path) == set()          # created: nothing held
+    fill(logs[3], 6)                                     # several segments (TINY rolls)
+    read_values(logs[3])
+    assert {os.path.dirname(p) for p in _open_files_under(tmp_path)} == {logs[3].dir}
+    clock.advance(999)
+    assert lm.do_work()["released"] == 0                 # not idle for long enough yet
+    clock.advance(1)
+    assert lm.do_work()["released"] == 1
+    assert _open_files_under(tmp_path) == set()
+    fill(logs[3], 1)                                     # reopened on use
+    assert read_values(logs[3])[-1] == b"value-34"
+    lm.close()
+    del logs    # closed logs keep their mappings for readers still holding them
+    lm = manager([tmp_path], clock=clock)
+    assert _open_files_under(tmp_path) == set()          # loading holds nothing either
+    assert read_values(lm.get_log("t", 3))[-1] == b"value-34"
+    lm.close()

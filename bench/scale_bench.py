@@ -1,0 +1,204 @@
+"""`./build.sh bench scale`: N partitions, RF=3, on 3 local brokers.
+
+N is REPLIKAFKA_BENCH_PARTITIONS (default 50,000, the issue's size; scale it
+down for a quick check). Every broker holds N replicas and leads about N/3.
+Figures, each with a baseline measured in the same run where one exists:
+
+* create the topic: until CreateTopic returns, and until every broker has
+  taken up its N replicas; baseline: N znode writes (pipelined) to the same
+  ZooKeeper, the floor of any create that writes one state znode per partition;
+* broker memory (RSS) and open file descriptors per 10,000 replicas, as the
+  growth over the same broker before the topic existed;
+* restart to serve after SIGTERM and after SIGKILL: from launching the process
+  to it having taken up its N replicas (its LeaderAndIsr handled); baseline:
+  the same broker's start with no partitions, at the beginning of the run;
+* failover of the third led by one broker: the controller noticing -> all new
+  leaders, -> every one of those partitions accepted a write;
+* controller failover: the new controller's load + resend of N partitions.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+
+import grpc
+
+import replikafka
+from bench.replication_bench import _first_line, _wait
+from replikafka.local_cluster import LocalCluster
+from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol import replikafka_pb2_grpc as pbg
+
+PARTITIONS = int(os.environ.get("REPLIKAFKA_BENCH_PARTITIONS", "50000"))
+TOPIC = "scale"
+_CHANNEL_OPTS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
+
+
+def _proc_usage(pid: int) -> tuple[int, int]:
+    """(RSS bytes, open fds) of a process."""
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _zk_floor(cluster: LocalCluster, n: int) -> float:
+    """Seconds to write n ~100-byte znodes, pipelined 1,000 at a time."""
+    zk = cluster.zk()
+    try:
+        zk.ensure_path("/bench-floor")
+        data = b"x" * 100
+        t = time.perf_counter()
+        for lo in range(0, n, 1000):
+            for r in [zk.create_async(f"/bench-floor/p{i}", data) for i in range(lo, min(n, lo + 1000))]:
+                r.get()
+        took = time.perf_counter() - t
+        for lo in range(0, n, 1000):
+            for r in [zk.delete_async(f"/bench-floor/p{i}") for i in range(lo, min(n, lo + 1000))]:
+                r.get()
+        zk.delete("/bench-floor")
+        return took
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _took_up(cluster: LocalCluster, broker_id: int, n: int, after: float) -> float | None:
+    """When the broker's log says it handled a LeaderAndIsr covering all n replicas."""
+    got = _first_line(cluster, broker_id, rf"LeaderAndIsr from .*: {n} partitions in", after)
+    return got[0] if got else None
+
+
+def _restart(cluster: LocalCluster, broker_id: int, n: int) -> float:
+    """Launch the broker; seconds until it has taken up its n replicas."""
+    launched = time.time()
+    cluster.start_broker(broker_id, wait=False)
+    done = _wait(lambda: _took_up(cluster, broker_id, n, launched), 1800, f"broker {broker_id} to serve")
+    return done - launched
+
+
+def _write_all(cluster: LocalCluster, admin, partitions: list[int]) -> None:
+    """One record to each partition, one Produce request per leader, repeated for
+    the partitions not ready yet: when it returns every one accepted a write."""
+    from replikafka import records as R
+    b = R.to_record_batch([{"value": b"x"}], R.parse_schema("value BINARY"), timestamp_ms=0)
+    payload = R.encode_stream(b.schema, [b]).to_pybytes()
+    todo = set(partitions)
+    deadline = time.time() + 900
+    while todo and time.time() < deadline:
+        leaders: dict[int, list[int]] = {}
+        for p in admin.describe_topic(TOPIC).partitions:
+            if p.partition in todo:
+                leaders.setdefault(p.leader, []).append(p.partition)
+        for leader, parts in leaders.items():
+            if leader < 0 or not cluster.alive(leader):
+                continue
+            stub = pbg.ReplikafkaStub(grpc.insecure_channel(cluster.address(leader), options=_CHANNEL_OPTS))
+            resp = stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
+                pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload) for p in parts]), timeout=300)
+            todo -= {r.partition for r in resp.partitions if not r.error.code}
+        if todo:
+            time.sleep(0.1)
+    if todo:
+        raise RuntimeError(f"{len(todo)} partitions never accepted a write")
+
+
+def run() -> list[dict]:
+    n = PARTITIONS
+    root = tempfile.mkdtemp(prefix="scale-bench-")
+    rows: list[dict] = []
+
+    def row(metric, value, unit, baseline=None):
+        r = dict(bench="scale", metric=metric, value=value, unit=unit)
+        if baseline is not None:
+            r.update(baseline=baseline, ratio=value / baseline if baseline else float("nan"))
+        rows.append(r)
+
+    cluster = LocalCluster(os.path.join(root, "c"), 3, die_with_parent=True,
+                           overrides={"zookeeper.session.timeout.ms": "4000",
+                                      "replica.lag.time.max.ms": "60000",
+                                      "controlled.shutdown.max.retries": "3",
+                                      "message.max.bytes": str(64 << 20)})
+    try:
+        cluster.start()
+        controller = _wait(lambda: cluster.controller_id() if cluster.controller_id() > 0 else None, 60,
+                           "a controller")
+        victim = next(b for b in cluster.ids if b != controller)
+        # Baselines: an empty broker's restart, its RSS and fds, the ZooKeeper write floor.
+        cluster.stop_broker(victim)
+        launched = time.time()
+        cluster.start_broker(victim)
+        empty_start = time.time() - launched
+        empty_rss, empty_fds = _proc_usage(cluster.procs[victim].pid)
+        floor = _zk_floor(cluster, n)
+
+        admin = replikafka.Admin(cluster.bootstrap_servers)
+        t0 = time.time()
+        admin.create_topic(TOPIC, partitions=n, replication_factor=3, schema="value BINARY",
+                           config={"min.insync.replicas": "2"}, timeout_ms=1_800_000)
+        created = time.time()
+        taken = [_wait(lambda b=b: _took_up(cluster, b, n, t0), 1800, f"broker {b} to take up its replicas")
+                 for b in cluster.ids]
+        row(f"create topic, {n} partitions RF=3: CreateTopic returns", created - t0, "s", floor)
+        row(f"create topic, {n} partitions RF=3: all replicas taken up", max(taken) - t0, "s", floor)
+        _wait(lambda: all(len(p.isr) == 3 for p in admin.describe_topic(TOPIC).partitions), 1800,
+              "every ISR full")
+
+        rss, fds = _proc_usage(cluster.procs[victim].pid)
+        row("broker RSS per 10,000 replicas", (rss - empty_rss) / n * 10_000 / 2**20, "MiB")
+        row("broker open fds per 10,000 replicas", (fds - empty_fds) / n * 10_000, "fds")
+
+        # Restart after SIGTERM (controlled shutdown, clean-shutdown marker).
+        t = time.time()
+        cluster.stop_broker(victim, timeout_s=600)
+        row(f"SIGTERM -> exited, {n} replicas", time.time() - t, "s")
+        row(f"restart after SIGTERM -> serving {n} replicas", _restart(cluster, victim, n), "s", empty_start)
+        _wait(lambda: all(len(p.isr) == 3 for p in admin.describe_topic(TOPIC).partitions), 1800,
+              "every ISR full")
+        # Put the victim back at the head of its partitions so it leads a third.
+        admin_led = lambda: [p.partition for p in admin.describe_topic(TOPIC).partitions if p.leader == victim]
+        if not admin_led():
+            _preferred_election(cluster)
+            _wait(lambda: len(admin_led()) >= n // 3 - 1, 600, "preferred leaders back")
+        led = admin_led()
+
+        # Failover of the third it leads (SIGKILL), then its restart after SIGKILL.
+        killed_at = time.time()
+        cluster.kill(victim)
+        noticed = _wait(lambda: _first_line(cluster, controller, rf"brokers \[{victim}\] failed", killed_at - 1),
+                        60, "the controller noticing")[0]
+        _wait(lambda: not any(p.leader == victim for p in admin.describe_topic(TOPIC).partitions), 600,
+              "new leaders")
+        all_led = time.time()
+        _write_all(cluster, admin, led)
+        all_written = time.time()
+        row(f"failover of {len(led)} partitions: noticed -> all new leaders", all_led - noticed, "s")
+        row(f"failover of {len(led)} partitions: noticed -> all accept writes", all_written - noticed, "s")
+        row(f"restart after SIGKILL -> serving {n} replicas", _restart(cluster, victim, n), "s", empty_start)
+
+        # Controller failover.
+        killed_at = time.time()
+        cluster.kill(controller)
+        line = _wait(lambda: next((l for b in cluster.ids if b != controller and cluster.alive(b)
+                                   for l in [_first_line(cluster, b, r"controller failover: loaded", killed_at)]
+                                   if l), None), 120, "a new controller")
+        row(f"controller failover, {n} partitions: load + resend",
+            float(re.search(r"in ([0-9.]+)s", line[1]).group(1)), "s")
+        admin.close()
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def _preferred_election(cluster: LocalCluster) -> None:
+    from replikafka.cli.main import main as cli
+    cli(["preferred-replica-election", "--zookeeper", cluster.zookeeper_connect])
+
+
+if __name__ == "__main__":
+    from bench.__main__ import print_table
+    print_table(run())
