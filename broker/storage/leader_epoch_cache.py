@@ -72,10 +72,10 @@ class LeaderEpochFileCache:
                 raise bad(f"entries {a} and {b} are not increasing")
         return entries
 
-    def _write(self) -> None:
+    def _write(self, sync_dir: bool = True) -> None:
         lines = [str(_VERSION), str(len(self._entries))]
         lines += [f"{e.epoch} {e.start_offset}" for e in self._entries]
-        atomic_write_bytes(self.path, ("\n".join(lines) + "\n").encode())
+        atomic_write_bytes(self.path, ("\n".join(lines) + "\n").encode(), sync_dir=sync_dir)
         self._dirty = False
 
     # ---- queries ---------------------------------------------------------------
@@ -153,11 +153,14 @@ class LeaderEpochFileCache:
             self._dirty = True
             return True
 
-    def flush(self) -> None:
-        """Write the checkpoint (tmp, fsync, rename) if an assign changed it."""
+    def flush(self, sync_dir: bool = True) -> bool:
+        """Write the checkpoint (tmp, fsync, rename) if an assign changed it; True if
+        it did. `sync_dir=False`: the caller fsyncs the directory (the log's flush)."""
         with self._lock:
             if self._dirty:
-                self._write()
+                self._write(sync_dir)
+                return True
+            return False
 
     def truncate_from_end(self, end_offset: int, durable: bool = True) -> None:
         """Drop entries starting at or after `end_offset` (the log was truncated there).

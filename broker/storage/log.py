@@ -759,17 +759,20 @@ class Log:
             self._dir_dirty = True
 
     # ---- durability and lifecycle ----------------------------------------------
-    def flush(self, up_to: int | None = None) -> None:
+    def flush(self, up_to: int | None = None, sync_parent: bool = True) -> None:
         """fsync everything below `up_to` (default: the log end) and advance the
-        recovery point. The fsyncs run outside the mutation lock."""
+        recovery point. The fsyncs run outside the mutation lock. `sync_parent=False`:
+        the caller fsyncs the log dir holding this log's directory (once for many)."""
         with self._flush_lock:
             # The epoch history must be durable before the recovery point passes
-            # the batches that started an epoch (recovery only re-reads past it).
-            self._epoch_cache.flush()
+            # the batches that started an epoch (recovery only re-reads past it);
+            # its rename is made durable by this flush's directory fsync.
+            epoch_written = self._epoch_cache.flush(sync_dir=False)
             with self._lock:
                 target = self._leo if up_to is None else min(up_to, self._leo)
-                dir_dirty, self._dir_dirty = self._dir_dirty, False
-                parent_dirty, self._parent_dir_dirty = self._parent_dir_dirty, False
+                dir_dirty, self._dir_dirty = self._dir_dirty or epoch_written, False
+                parent_dirty = self._parent_dir_dirty and sync_parent
+                self._parent_dir_dirty = False
                 if target <= self._recovery_point and not dir_dirty and not parent_dirty:
                     return
                 segs = [s for s in self._segments
@@ -806,15 +809,15 @@ class Log:
         self.flush(up_to)
         return True
 
-    def close(self) -> None:
+    def close(self, sync_parent: bool = True) -> None:
         """Flush and release file descriptors. The active segment stays unsealed
-        so appends continue after the next open."""
+        so appends continue after the next open. `sync_parent`: as in `flush`."""
         with self._lock:
             if self._closed or self._closing:
                 return
             self._closing = True       # refuse mutations from now on
         # Outside the mutation lock: flush takes the flush lock first, then this one.
-        self.flush()
+        self.flush(sync_parent=sync_parent)
         with self._lock:
             for seg in self._segments:
                 seg.close()
