@@ -96,7 +96,10 @@ class AdminManager:
                 f"topic {req.name!r} has {current} partitions; the new count {req.total_count} must be larger")
         rf = len(assignment[0])
         live = sorted(self.store.live_brokers())
-        extra = random_assignment(req.total_count - current, rf, live, first_partition=current)
+        if req.assignment:
+            extra = self._explicit_new_partitions(req, current, live)
+        else:
+            extra = random_assignment(req.total_count - current, rf, live, first_partition=current)
         # Only the new partitions, on the znode's version: a reassignment's AR writes stay.
         self.store.update_assignment(req.name, extra)
         ok = self.metadata.wait_for(
@@ -142,6 +145,27 @@ class AdminManager:
                 out.append(pb.ConfigEntry(name=key, value=overrides[key], source="DYNAMIC_TOPIC_CONFIG"))
             else:
                 out.append(pb.ConfigEntry(name=key, value=TOPIC_KEYS[key].format(default), source="DEFAULT_CONFIG"))
+        return out
+
+    @staticmethod
+    def _explicit_new_partitions(req: pb.CreatePartitionsRequest, current: int, live: list[int]) -> dict[int, list[int]]:
+        """The new partitions' replicas from ``req.assignment``: listed alone, or
+        for every partition (kafka-topics --alter --replica-assignment; the
+        existing ones are dropped)."""
+        given = [list(req.assignment[p].replicas) for p in sorted(req.assignment)]
+        if len(given) == req.total_count:
+            given = given[current:]
+        if len(given) != req.total_count - current:
+            raise E.InvalidPartitionsError(
+                f"topic {req.name!r}: the assignment lists {len(req.assignment)} partitions; expected "
+                f"{req.total_count - current} new ones (or all {req.total_count})")
+        out = {}
+        for i, reps in enumerate(given):
+            bad = [b for b in reps if b not in live]
+            if not reps or len(set(reps)) != len(reps) or bad:
+                raise E.InvalidReplicationFactorError(
+                    f"topic {req.name!r} partition {current + i}: replicas {reps} must be distinct live brokers {live}")
+            out[current + i] = reps
         return out
 
     def init_producer_id(self) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from replikafka.cli.console_producer_cmd import parse_properties
 from replikafka.cli import command_config
 
 _PROPERTIES = {"print.key", "print.value", "print.offset", "print.partition", "print.timestamp",
-               "key.separator", "line.separator"}
+               "print.headers", "key.separator", "line.separator", "headers.separator", "headers.key.separator"}
 
 
 def add_parser(sub, name):
@@ -39,9 +39,23 @@ def add_parser(sub, name):
     p.add_argument("--max-messages", type=int, help="stop after this many records")
     p.add_argument("--timeout-ms", type=int, help="stop after this long without a new record")
     p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
-                   help="print.key, print.value, print.offset, print.partition, print.timestamp (true/false), "
-                        "key.separator (default tab), line.separator (default newline)")
+                   help="print.key, print.value, print.offset, print.partition, print.timestamp, print.headers "
+                        "(true/false), key.separator (default tab), line.separator (default newline), "
+                        "headers.separator (default ','), headers.key.separator (default ':')")
+    p.add_argument("--consumer-property", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Kafka consumer config key (fetch.max.bytes, max.partition.fetch.bytes, ...; repeatable)")
     p.set_defaults(func=run)
+
+
+def client_properties(items: list[str]) -> dict[str, str]:
+    """``--producer-property`` / ``--consumer-property`` items -> a Kafka client config dict."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def _truthy(value) -> bool:
@@ -66,6 +80,7 @@ def _check(args) -> dict[str, str]:
         raise ValueError(f"--max-messages must be at least 1, got {args.max_messages}")
     if args.timeout_ms is not None and args.timeout_ms < 0:
         raise ValueError(f"--timeout-ms must not be negative, got {args.timeout_ms}")
+    client_properties(args.consumer_property)
     return parse_properties(args.property, _PROPERTIES)
 
 
@@ -80,7 +95,8 @@ def run(args) -> int:
 
     formatter = Formatter(props)
     count = 0
-    with Consumer(args.bootstrap_server, security=command_config.security_of(args)) as consumer:
+    with Consumer({"bootstrap.servers": args.bootstrap_server, **client_properties(args.consumer_property)},
+                  security=command_config.security_of(args)) as consumer:
         partitions = consumer.partitions_for(args.topic)
         if args.partition is not None:
             if args.partition not in partitions:
@@ -162,6 +178,9 @@ class Formatter:
         self.print_timestamp = _truthy(props.get("print.timestamp", "false"))
         self.key_sep = props.get("key.separator", "\t").encode().decode("unicode_escape")
         self.line_sep = props.get("line.separator", "\n").encode().decode("unicode_escape")
+        self.print_headers = _truthy(props.get("print.headers", "false"))
+        self.headers_sep = props.get("headers.separator", ",").encode().decode("unicode_escape")
+        self.headers_key_sep = props.get("headers.key.separator", ":").encode().decode("unicode_escape")
         self.json_rows = False
 
     def format(self, table) -> str:
@@ -180,6 +199,11 @@ class Formatter:
         else:
             values = [_text(v) for v in table.column("value").to_pylist()] if self.print_value else None
             keys = [_text(k) for k in table.column("key").to_pylist()] if self.print_key else None
+        headers = None
+        if self.print_headers:
+            raw = table.column("headers").to_pylist() if "headers" in table.column_names else [None] * n
+            headers = [self.headers_sep.join(f"{h['key']}{self.headers_key_sep}{_text(h['value'])}" for h in hs)
+                       if hs else "NO_HEADERS" for hs in raw]
         out = []
         for i in range(n):
             parts = []
@@ -189,6 +213,8 @@ class Formatter:
                 parts.append(f"Partition:{cols['partition'][i]}")
             if self.print_offset:
                 parts.append(f"Offset:{cols['offset'][i]}")
+            if headers is not None:
+                parts.append(headers[i])
             if keys is not None:
                 parts.append(keys[i])
             if values is not None:

@@ -34,6 +34,8 @@ def add_parser(sub, name):
     p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
                    help="parse.key=true|false, key.separator=SEP (default tab), ignore.error=true|false")
     p.add_argument("--linger-ms", type=int, default=5, help="how long a batch may wait for more lines")
+    p.add_argument("--producer-property", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Kafka producer config key (batch.size, linger.ms, enable.idempotence, ...; repeatable)")
     p.set_defaults(func=run)
 
 
@@ -68,6 +70,8 @@ def run(args) -> int:
         if not args.topic:
             raise ValueError("--topic is required")
         props = parse_properties(args.property, _PROPERTIES)
+        from replikafka.cli.console_consumer_cmd import client_properties
+        producer_props = client_properties(args.producer_property)
         if args.linger_ms < 0:
             raise ValueError("--linger-ms must not be negative")
     except ValueError as exc:
@@ -78,8 +82,9 @@ def run(args) -> int:
     parse_key = _truthy(props.get("parse.key"))
     separator = props.get("key.separator", "\t").encode().decode("unicode_escape").encode()
     ignore_error = _truthy(props.get("ignore.error"))
-    with Producer(args.bootstrap_server, acks=args.acks, linger_ms=args.linger_ms,
-                  security=command_config.security_of(args)) as producer:
+    conf = {"bootstrap.servers": args.bootstrap_server, "acks": args.acks, "linger.ms": args.linger_ms,
+            **producer_props}
+    with Producer(conf, security=command_config.security_of(args)) as producer:
         writer = LineWriter(producer, args.topic, parse_key, separator)
         for block in read_blocks(sys.stdin.buffer):
             writer.write_lines(block)

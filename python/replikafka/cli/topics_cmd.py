@@ -1,10 +1,11 @@
 """`replikafka topics`: create, list, describe, delete and alter topics (as kafka-topics.sh).
 
-    replikafka topics --bootstrap-server H:P --create --topic T --partitions N --replication-factor R
-                      [--config k=v ...] [--schema SCHEMA] [--if-not-exists]
+    replikafka topics --bootstrap-server H:P --create --topic T [--partitions N] [--replication-factor R]
+                      [--replica-assignment 1:2,2:3] [--config k=v ...] [--schema SCHEMA] [--if-not-exists]
     replikafka topics --bootstrap-server H:P --list
     replikafka topics --bootstrap-server H:P --describe [--topic T]
-                      [--under-replicated-partitions] [--unavailable-partitions]
+                      [--under-replicated-partitions] [--unavailable-partitions] [--under-min-isr-partitions]
+                      [--at-min-isr-partitions] [--topics-with-overrides]
     replikafka topics --bootstrap-server H:P --delete --topic T [--if-exists]
     replikafka topics --bootstrap-server H:P --alter --topic T --partitions N
 
@@ -41,6 +42,15 @@ def add_parser(sub, name):
                    help="--describe: only partitions whose ISR is smaller than their replicas")
     p.add_argument("--unavailable-partitions", action="store_true",
                    help="--describe: only partitions without a live leader")
+    p.add_argument("--under-min-isr-partitions", action="store_true",
+                   help="--describe: only partitions whose ISR is smaller than min.insync.replicas")
+    p.add_argument("--at-min-isr-partitions", action="store_true",
+                   help="--describe: only partitions whose ISR is exactly min.insync.replicas")
+    p.add_argument("--topics-with-overrides", action="store_true",
+                   help="--describe: only topics with config overrides (their header lines)")
+    p.add_argument("--replica-assignment", metavar="B:B,B:B,...",
+                   help="--create/--alter: brokers per partition, e.g. 1:2,2:3,3:1 (replaces "
+                        "--replication-factor; with --alter, the new partitions only)")
     p.set_defaults(func=run)
 
 
@@ -76,22 +86,26 @@ def _check(args) -> str:
     if action in ("create", "delete", "alter") and not args.topic:
         raise UsageError(f"--topic is required with --{action}")
     if action == "create":
-        if args.partitions is None:
-            raise UsageError("--partitions is required with --create")
-        if args.replication_factor is None:
-            raise UsageError("--replication-factor is required with --create")
-        if args.partitions < 1:
+        # As Kafka 3.x: without --partitions / --replication-factor the brokers'
+        # num.partitions / default.replication.factor apply.
+        if args.partitions is not None and args.partitions < 1:
             raise UsageError(f"--partitions must be at least 1, got {args.partitions}")
-        if args.replication_factor < 1:
+        if args.replication_factor is not None and args.replication_factor < 1:
             raise UsageError(f"--replication-factor must be at least 1, got {args.replication_factor}")
+        if args.replica_assignment and (args.partitions is not None or args.replication_factor is not None):
+            raise UsageError("--replica-assignment replaces --partitions and --replication-factor")
     elif action == "alter":
         if args.partitions is None:
-            raise UsageError("--partitions is required with --alter")
+            raise UsageError("--partitions is required with --alter (topic configs: replikafka configs --alter)")
         if args.partitions < 1:
             raise UsageError(f"--partitions must be at least 1, got {args.partitions}")
+    if args.replica_assignment:
+        parse_replica_assignment(args.replica_assignment)
     for flag, allowed in (("partitions", ("create", "alter")), ("replication_factor", ("create",)),
                           ("schema", ("create",)), ("if_not_exists", ("create",)),
                           ("under_replicated_partitions", ("describe",)), ("unavailable_partitions", ("describe",)),
+                          ("under_min_isr_partitions", ("describe",)), ("at_min_isr_partitions", ("describe",)),
+                          ("topics_with_overrides", ("describe",)), ("replica_assignment", ("create", "alter")),
                           ("if_exists", ("delete", "alter", "describe"))):
         value = getattr(args, flag)
         if value not in (None, False) and action not in allowed:
@@ -102,6 +116,22 @@ def _check(args) -> str:
         raise UsageError("--topic cannot be used with --list")
     parse_config(args.config)
     return action
+
+
+def parse_replica_assignment(text: str) -> dict[int, list[int]]:
+    """``1:2,2:3`` -> {0: [1, 2], 1: [2, 3]} (kafka-topics' --replica-assignment)."""
+    out: dict[int, list[int]] = {}
+    for p, part in enumerate(text.split(",")):
+        try:
+            brokers = [int(b) for b in part.split(":")]
+        except ValueError:
+            raise UsageError(f"--replica-assignment: {part!r} (partition {p}) is not broker ids joined by ':'") from None
+        if len(set(brokers)) != len(brokers):
+            raise UsageError(f"--replica-assignment: partition {p} names a broker twice ({part})")
+        out[p] = brokers
+    if len({len(b) for b in out.values()}) > 1:
+        raise UsageError("--replica-assignment: every partition needs the same number of replicas")
+    return out
 
 
 def parse_config(items: list[str]) -> dict[str, str]:
@@ -140,7 +170,9 @@ def bootstrap_from(bootstrap_server: str | None, zookeeper: str | None) -> str:
 def _create(admin, args) -> int:
     try:
         admin.create_topic(args.topic, partitions=args.partitions, replication_factor=args.replication_factor,
-                           schema=args.schema, config=parse_config(args.config))
+                           schema=args.schema, config=parse_config(args.config),
+                           assignment=parse_replica_assignment(args.replica_assignment)
+                           if args.replica_assignment else None)
     except E.TopicExistsError:
         if args.if_not_exists:
             return 0
@@ -168,7 +200,9 @@ def _delete(admin, args) -> int:
 
 def _alter(admin, args) -> int:
     try:
-        admin.create_partitions(args.topic, args.partitions)
+        admin.create_partitions(args.topic, args.partitions,
+                                assignment=parse_replica_assignment(args.replica_assignment)
+                                if args.replica_assignment else None)
     except E.UnknownTopicOrPartitionError:
         if args.if_exists:
             return 0
@@ -185,16 +219,27 @@ def _describe(admin, args) -> int:
             return 0
         raise
     live = {b.id for b in admin.describe_cluster().brokers}
-    only_filtered = args.under_replicated_partitions or args.unavailable_partitions
+    by_isr = args.under_min_isr_partitions or args.at_min_isr_partitions
+    only_filtered = args.under_replicated_partitions or args.unavailable_partitions or by_isr
     lines = []
     for t in topics:
+        overrides = {k: v for k, v in t.config.items() if k != "topic.id"}
+        if args.topics_with_overrides:
+            if overrides:
+                lines.append(format_topic_header(t))
+            continue
         if not only_filtered:
             lines.append(format_topic_header(t))
+        min_isr = int(admin.describe_topic_config(t.name)["min.insync.replicas"][0]) if by_isr else 0
         for p in t.partitions:
             unavailable = p.leader < 0 or p.leader not in live
             if args.under_replicated_partitions and not p.under_replicated:
                 continue
             if args.unavailable_partitions and not unavailable:
+                continue
+            if args.under_min_isr_partitions and not len(p.isr) < min_isr:
+                continue
+            if args.at_min_isr_partitions and len(p.isr) != min_isr:
                 continue
             lines.append(format_partition_line(t.name, p))
     if lines:
@@ -208,8 +253,9 @@ _ACTION_FUNCS = {"create": _create, "list": _list, "describe": _describe, "delet
 def format_topic_header(t) -> str:
     from replikafka.records import is_kafka_shaped
 
-    configs = ",".join(f"{k}={v}" for k, v in sorted(t.config.items()))
-    line = (f"Topic: {t.name}\tPartitionCount: {len(t.partitions)}\t"
+    configs = ",".join(f"{k}={v}" for k, v in sorted(t.config.items()) if k != "topic.id")
+    topic_id = t.config.get("topic.id")
+    line = (f"Topic: {t.name}\t" + (f"TopicId: {topic_id}\t" if topic_id else "") + f"PartitionCount: {len(t.partitions)}\t"
             f"ReplicationFactor: {t.replication_factor}\tConfigs: {configs}")
     if not is_kafka_shaped(t.schema):
         line += "\tSchema: " + ", ".join(f"{f.name} {f.type}" for f in t.schema)

@@ -107,13 +107,22 @@ class Admin:
                                          retry_backoff_ms=retry_backoff_ms)
 
     # ------------------------------------------------------------ mutations
-    def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1, schema: Any = None,
-                     config: dict[str, Any] | None = None, timeout_ms: int = 30_000) -> None:
+    def create_topic(self, name: str, partitions: int | None = 1, replication_factor: int | None = 1,
+                     schema: Any = None, config: dict[str, Any] | None = None, timeout_ms: int = 30_000,
+                     assignment: dict[int, list[int]] | None = None) -> None:
         """Create a topic. ``schema``: None (Kafka shape), a ``pa.Schema``, a Spark
-        DDL string or a JSON description; ``replication_factor`` -1 = the broker default."""
+        DDL string or a JSON description; ``partitions`` None = the brokers'
+        num.partitions, ``replication_factor`` None or -1 = default.replication.factor;
+        ``assignment`` (partition -> broker ids) replaces both."""
         validate_topic_name(name)
-        if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        if assignment:
+            partitions, replication_factor = len(assignment), len(next(iter(assignment.values())))
+        if partitions is None:
+            partitions = 0  # the broker's num.partitions
+        elif not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise E.InvalidPartitionsError(f"partitions must be a positive integer, got {partitions!r}")
+        if replication_factor is None:
+            replication_factor = -1
         if (not isinstance(replication_factor, int) or isinstance(replication_factor, bool)
                 or (replication_factor < 1 and replication_factor != -1)):
             raise E.InvalidReplicationFactorError(
@@ -123,6 +132,7 @@ class Admin:
             name=name, partitions=partitions, replication_factor=replication_factor,
             schema=b"" if is_kafka_shaped(topic_schema) else schema_to_bytes(topic_schema),
             config={str(k): _config_value(v) for k, v in (config or {}).items()},
+            assignment={int(p): pb.ReplicaList(replicas=list(r)) for p, r in (assignment or {}).items()},
             timeout_ms=timeout_ms)
         deadline = time.monotonic() + timeout_ms / 1000
         self._admin_call("CreateTopic", request, deadline, f"create topic {name!r}")
@@ -141,8 +151,11 @@ class Admin:
         self._metadata.forget(name)
         self._await_everywhere(name, lambda t: t is None, deadline)
 
-    def create_partitions(self, name: str, total: int, timeout_ms: int = 30_000) -> None:
-        """Grow a topic to ``total`` partitions (Kafka never shrinks one)."""
+    def create_partitions(self, name: str, total: int, timeout_ms: int = 30_000,
+                          assignment: dict[int, list[int]] | None = None) -> None:
+        """Grow a topic to ``total`` partitions (Kafka never shrinks one);
+        ``assignment``: the new partitions' replicas (listed alone or after the
+        existing partitions', as kafka-topics' --replica-assignment)."""
         validate_topic_name(name)
         if not isinstance(total, int) or isinstance(total, bool) or total < 1:
             raise E.InvalidPartitionsError(f"the partition count must be a positive integer, got {total!r}")
@@ -153,7 +166,9 @@ class Admin:
         except E.ReplikafkaError:
             before = 0
         self._admin_call("CreatePartitions",
-                         pb.CreatePartitionsRequest(name=name, total_count=total, timeout_ms=timeout_ms),
+                         pb.CreatePartitionsRequest(name=name, total_count=total, timeout_ms=timeout_ms,
+                                                    assignment={int(p): pb.ReplicaList(replicas=list(r))
+                                                                for p, r in (assignment or {}).items()}),
                          deadline, f"add partitions to {name!r}", final=(E.UnknownTopicOrPartitionError,))
 
         def grown(t: pb.TopicMetadata | None) -> bool:  # the new partitions have leaders

@@ -48,9 +48,12 @@ def test_topics_create_list_describe_alter_delete(fake, capsys):
 @pytest.mark.parametrize("argv, named", [
     (["--list", "--create"], "exactly one"),
     ([], "exactly one"),
-    (["--create", "--topic", "x", "--replication-factor", "1"], "--partitions"),
+    # --partitions / --replication-factor may be left out (the brokers' defaults), as in Kafka 3.x
     (["--create", "--topic", "x", "--partitions", "0", "--replication-factor", "1"], "--partitions"),
-    (["--create", "--topic", "x", "--partitions", "1"], "--replication-factor"),
+    (["--create", "--topic", "x", "--partitions", "1", "--replica-assignment", "1:2"], "--replica-assignment"),
+    (["--create", "--topic", "x", "--replica-assignment", "1:a"], "--replica-assignment"),
+    (["--create", "--topic", "x", "--replica-assignment", "1:2,3"], "same number of replicas"),
+    (["--list", "--topics-with-overrides"], "--topics-with-overrides"),
     (["--create", "--partitions", "1", "--replication-factor", "1"], "--topic"),
     (["--delete"], "--topic"),
     (["--alter", "--topic", "x"], "--partitions"),
