@@ -17,9 +17,9 @@ RECORDS = 1_000_000
 ROUNDS = 2
 
 
-def _produce(bs: str, topic: str, batches) -> float:
+def _produce(bs: str, topic: str, batches, security: dict | None = None) -> float:
     with replikafka.Producer(bs, acks=1, idempotent=True, linger_ms=0, batch_size=32 << 20,
-                             max_in_flight=5) as p:
+                             max_in_flight=5, security=security) as p:
         p.send(topic, batches[0].slice(0, 1), partition=0).result(timeout=60)  # warm: connections, imports
         t = time.perf_counter()
         futs = [p.send(topic, b, partition=0) for b in batches]
@@ -28,8 +28,8 @@ def _produce(bs: str, topic: str, batches) -> float:
         return time.perf_counter() - t
 
 
-def _consume(bs: str, topic: str, n: int) -> float:
-    c = replikafka.Consumer(bs, fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
+def _consume(bs: str, topic: str, n: int, security: dict | None = None) -> float:
+    c = replikafka.Consumer(bs, fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20, security=security)
     c.assign([(topic, 0)])
     c.seek((topic, 0), 0)
     got = 0

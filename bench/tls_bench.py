@@ -14,35 +14,13 @@ import tempfile
 import time
 
 import replikafka
+from bench import cluster_bench as C
 from bench import storage_bench as S
 from replikafka.local_cluster import LocalCluster
 
 RECORDS = 500_000
 ROUNDS = 3
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
-
-
-def _produce(cfg: dict, topic: str, batches) -> float:
-    with replikafka.Producer({**cfg, "acks": 1, "linger.ms": 0, "batch.size": 32 << 20}) as p:
-        p.send(topic, batches[0].slice(0, 1), partition=0).result(timeout=60)  # warm: connections, TLS
-        t = time.perf_counter()
-        futs = [p.send(topic, b, partition=0) for b in batches]
-        for f in futs:
-            f.result(timeout=120)
-        return time.perf_counter() - t
-
-
-def _consume(cfg: dict, topic: str, n: int) -> float:
-    c = replikafka.Consumer({**cfg, "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
-    c.assign([(topic, 0)])
-    c.seek((topic, 0), 0)
-    got = c.poll(timeout_ms=1000).num_rows     # warm: connections, TLS
-    t = time.perf_counter()
-    while got < n + 1:
-        got += c.poll(timeout_ms=1000).num_rows
-    elapsed = time.perf_counter() - t
-    c.close()
-    return elapsed
 
 
 def run() -> list[dict]:
@@ -75,9 +53,9 @@ def run() -> list[dict]:
                 topic = f"bench-{proto.lower()}-{r}"
                 admin.create_topic(topic, partitions=1, replication_factor=1, schema="value BINARY",
                                    config={"max.message.bytes": str(64 << 20), "segment.bytes": str(1 << 30)})
-                cfg = {"bootstrap.servers": cluster.bootstrap_for(proto), **configs[proto]}
-                best[proto, "produce"] = min(best[proto, "produce"], _produce(cfg, topic, batches))
-                best[proto, "consume"] = min(best[proto, "consume"], _consume(cfg, topic, n))
+                bs = cluster.bootstrap_for(proto)
+                best[proto, "produce"] = min(best[proto, "produce"], C._produce(bs, topic, batches, configs[proto]))
+                best[proto, "consume"] = min(best[proto, "consume"], C._consume(bs, topic, n, configs[proto]))
         admin.close()
     finally:
         cluster.stop()

@@ -93,6 +93,7 @@ class Admin:
     the controller) are retried on another broker within the call's timeout.
     Each mutating call also waits (within its timeout) until every live
     broker's metadata shows the change, so a client created right after sees it.
+    ``security``: librdkafka's keys (``security.protocol``, ``ssl.*``, ``sasl.*``).
     """
 
     @accepts_config_dict("Admin", ADMIN_KEYS)

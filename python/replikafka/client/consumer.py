@@ -97,6 +97,7 @@ class Consumer:
     ``fetch_min_bytes``: per Fetch RPC, as in Kafka. ``auto_offset_reset``:
     where a partition without a position, or whose position is out of range,
     starts: ``"earliest"``, ``"latest"`` or ``"none"`` (raise).
+    ``security``: librdkafka's keys (``security.protocol``, ``ssl.*``, ``sasl.*``).
     """
 
     @accepts_config_dict("Consumer", CONSUMER_KEYS)

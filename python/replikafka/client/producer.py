@@ -112,6 +112,8 @@ class Producer:
     at most one append in flight (gRPC does not order concurrent calls).
     ``max_request_size`` caps one partition's append in bytes (default: the
     topic's ``max.message.bytes``, else 1 MiB); bigger sends are split.
+    ``security``: librdkafka's keys (``security.protocol``, ``ssl.*``, ``sasl.*``),
+    also accepted in the config dict; see the README's "Securing a cluster".
     """
 
     @accepts_config_dict("Producer", PRODUCER_KEYS)
