@@ -32,6 +32,7 @@ from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcher
 from replikafka.broker.replica_manager import ReplicaManager
 from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
+from replikafka.broker.controller.controller_events import SessionReestablished, TopicConfigChange
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.storage.fileio import atomic_write_bytes
 from replikafka.broker.startup_failure import check_port_free, startup_failure_line
@@ -318,7 +319,7 @@ class BrokerServer:
             if t == topic:
                 log_.update_config(log_config)
         self.metadata.set_topic_config(topic, found[0])
-        self.controller.enqueue("topic_config_change", topic)  # a no-op unless this broker is the controller
+        self.controller.enqueue(TopicConfigChange(topic))  # a no-op unless this broker is the controller
         log.info("topic %s: config overrides %s applied", topic, overrides)
 
     # ------------------------------------------------------------ ZooKeeper session
@@ -327,6 +328,8 @@ class BrokerServer:
         self.metrics.zk_stats.state_changed(str(state))
         if state == KazooState.LOST:
             self.session_lost.set()
+            if getattr(self, "controller", None) is not None:
+                self.controller.on_session_lost()   # stops acting now; only flags and empties its queue
         elif state == KazooState.CONNECTED and self.session_lost.is_set():
             self.session_back.set()
 
@@ -339,7 +342,7 @@ class BrokerServer:
         self.broker_epoch = self.store.register_broker(
             self.broker_id, self.endpoint.host, self.endpoint.port,
             endpoints=tuple(str(e) for e in self.advertised_endpoints()))
-        self.controller.enqueue("session_reestablished")
+        self.controller.enqueue(SessionReestablished())
 
     # ------------------------------------------------------------ stop
     def stop(self) -> None:

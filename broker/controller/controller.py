@@ -1,13 +1,22 @@
 """The controller: one event thread, fed by a bounded queue.
 
 Every broker runs one of these; the one that wins the ephemeral ``/controller``
-znode is active. ZooKeeper watches and session listeners only enqueue events;
-``do_work()`` takes one event and handles it completely (read ZooKeeper, call
-the pure decisions in ``controller_decisions.py``, write the results with
+znode is active. ZooKeeper watches and session listeners only enqueue typed
+events (``controller_events.py``); ``do_work()`` takes one event and handles it
+completely through the handler its type maps to in ``HANDLERS`` (read ZooKeeper,
+call the pure decisions in ``controller_decisions.py``, write the results with
 guarded ``multi``s, send LeaderAndIsr / UpdateMetadata / StopReplica).
+
+The queue never drops a watch's event: those coalesce (one queued copy each).
+Events only the active controller handles are dropped quietly when it is not,
+and removed from the queue when it resigns. When the ZooKeeper session is LOST
+the controller stops acting at once (kazoo's recipes do the same): it is no
+longer active, its queue is emptied, and it handles nothing but a new election
+until the session is re-established.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import queue
@@ -16,9 +25,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+
 from replikafka.broker import state_change_log
 from replikafka.broker import zk_store as Z
 from replikafka.broker.controller import controller_decisions as D
+from replikafka.broker.controller import controller_events as V
 from replikafka.broker.controller.broker_channels import ControllerChannelManager
 from replikafka.broker.metrics import ControllerStats
 from replikafka.broker.zk_store import LeaderAndIsr, ZkStore
@@ -27,7 +39,9 @@ from replikafka.protocol import replikafka_pb2 as pb
 
 log = logging.getLogger("replikafka.controller")
 state_log = logging.getLogger("replikafka.state.change")
-EVENT_QUEUE_MAX = 100_000
+EVENT_QUEUE_MAX = 100_000      # events; watch events coalesce, so only RPC-born events can fill it
+EVENT_PUT_TIMEOUT_S = 30.0     # an RPC-born event waits this long for room, then its caller gets an error
+RECENT_EVENTS_MAX = 20         # events remembered for error reports (illegal state transitions)
 REASSIGNMENT_NUDGE_S = 2.0
 TP = tuple[str, int]
 
@@ -77,29 +91,83 @@ class Controller:
         self.channels = ControllerChannelManager(request_timeout_s, channel_credentials)
         self.ctx = ControllerContext()
         self.active = False
+        self.session_lost = False        # set by the session listener; cleared by SessionReestablished
+        self.queued: set[V.ControllerEvent] = set()   # coalescing events now in the queue
+        self.queued_lock = threading.Lock()
+        self.recent: collections.deque = collections.deque(maxlen=RECENT_EVENTS_MAX)
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
         self.on_became_controller = on_became_controller
         self.stats = ControllerStats()   # elections, event queue timings (broker/metrics.py)
 
     # ------------------------------------------------------------ plumbing
-    def enqueue(self, name: str, *args) -> None:
+    def enqueue(self, event: V.ControllerEvent) -> None:
+        """Queue ``event``. A coalescing event already queued is not queued twice (the
+        queued copy does the same work), so watch events are never dropped and the
+        queue holds at most one of each; any other event waits for room, bounded."""
+        if event.coalesce:
+            with self.queued_lock:
+                if event in self.queued:
+                    return
+                self.queued.add(event)
+            self.events.put((event, time.monotonic()))
+            return
         try:
-            self.events.put_nowait((name, args, time.monotonic()))
-        except queue.Full:  # bounded: a flood of watches collapses into a full reload
-            log.error("controller event queue full; dropping %s", name)
+            self.events.put((event, time.monotonic()), timeout=EVENT_PUT_TIMEOUT_S)
+        except queue.Full:
+            raise E.RequestTimedOutError(f"the controller's event queue stayed full for {EVENT_PUT_TIMEOUT_S:.0f}s "
+                                         f"({type(event).__name__} not queued)") from None
 
-    def _watch(self, name: str):
-        return lambda _event: self.enqueue(name)
+    def _watch(self, event: V.ControllerEvent):
+        return lambda _zk_event: self.enqueue(event)
+
+    def on_session_lost(self) -> None:
+        """The ZooKeeper session expired (called from the session listener): stop acting
+        now. Its ephemerals and watches are gone; a new session brings SessionReestablished."""
+        self.session_lost = True
+        if self.active:
+            log.warning("broker %d: ZooKeeper session lost; no longer acting as the controller", self.broker_id)
+        self.active = False
+        self._drop_queued(lambda event: not isinstance(event, V.SessionReestablished))
+
+    def _drop_queued(self, which) -> int:
+        """Remove the queued events ``which(event)`` selects, on purpose and quietly (one
+        line for the lot). A waiting ControlledShutdown caller is told to ask the new controller."""
+        kept, dropped = [], 0
+        while True:
+            try:
+                item = self.events.get_nowait()
+            except queue.Empty:
+                break
+            event = item[0]
+            if which(event):
+                dropped += 1
+                self._forget_queued(event)
+                if isinstance(event, V.ControlledShutdown) and event.reply is not None:
+                    event.reply.set_exception(E.NotControllerError(
+                        f"broker {self.broker_id} stopped being the controller"))
+            else:
+                kept.append(item)
+        for item in kept:
+            self.events.put_nowait(item)
+        if dropped:
+            log.info("broker %d: dropped %d queued controller events (not the controller any more)",
+                     self.broker_id, dropped)
+        return dropped
+
+    def _forget_queued(self, event: V.ControllerEvent) -> None:
+        if event.coalesce:
+            with self.queued_lock:
+                self.queued.discard(event)
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name="controller-event-thread", daemon=True)
         self.thread.start()
-        self.enqueue("elect")
+        self.enqueue(V.Elect())
 
     def stop(self) -> None:
         self.stopped.set()
-        self.enqueue("shutdown")
+        self.enqueue(V.Shutdown())
         if self.thread is not None:
             self.thread.join(timeout=10)
         self._resign(delete_znode=True)
@@ -118,23 +186,36 @@ class Controller:
         now = self.clock()
         if self.active and self.auto_rebalance_enable and now >= self.next_rebalance_check:
             self.next_rebalance_check = now + self.imbalance_check_interval_s
-            self.enqueue("auto_rebalance")
+            self.enqueue(V.AutoRebalance())
         # Reassignments advance on ISR changes; this nudge covers a write that lost a race.
         if self.active and self.ctx.reassigning and now >= self.next_reassignment_nudge:
             self.next_reassignment_nudge = now + REASSIGNMENT_NUDGE_S
-            self.enqueue("reassignment_nudge")
+            self.enqueue(V.ReassignmentNudge())
 
     def do_work(self, timeout_s: float = 0.0) -> bool:
         """Handle one event. Returns False when the queue was empty."""
         try:
-            name, args, queued_at = self.events.get(timeout=timeout_s) if timeout_s else self.events.get_nowait()
+            event, queued_at = self.events.get(timeout=timeout_s) if timeout_s else self.events.get_nowait()
         except queue.Empty:
             return False
         started = time.monotonic()
+        self._forget_queued(event)   # from now on a new watch firing queues a fresh copy
+        name = type(event).__name__
+        if (event.only_active and not self.active) or (self.session_lost and not isinstance(
+                event, (V.SessionReestablished, V.Shutdown))):
+            log.debug("broker %d: controller event %s dropped (not the active controller)", self.broker_id, name)
+            if isinstance(event, V.ControlledShutdown) and event.reply is not None:
+                event.reply.set_exception(E.NotControllerError(f"broker {self.broker_id} is not the controller"))
+            return True
+        self.recent.append(event)
         try:
-            getattr(self, f"_on_{name}")(*args)
+            HANDLERS[type(event)](self, event)
         except Z.ControllerMovedError:
             log.warning("broker %d: lost the controller role during %s", self.broker_id, name)
+            self._resign(delete_znode=False)
+        except (SessionExpiredError, ConnectionLoss) as exc:
+            # The session listener stops the controller too; this event's work is moot.
+            log.warning("broker %d: controller event %s stopped by ZooKeeper: %r", self.broker_id, name, exc)
             self._resign(delete_znode=False)
         except Exception:
             if not self.stopped.is_set():
@@ -143,8 +224,8 @@ class Controller:
         return True
 
     # ------------------------------------------------------------ election (seed 002)
-    def _on_elect(self) -> None:
-        current = self.store.get_controller_id(watch=self._watch("elect"))
+    def _on_elect(self, _event=None) -> None:
+        current = self.store.get_controller_id(watch=self._watch(V.Elect()))
         if current == self.broker_id and self.active:
             return
         if current != -1:
@@ -152,9 +233,9 @@ class Controller:
                 self._resign(delete_znode=False)
             return
         if not self.store.try_elect_controller(self.broker_id):
-            self.store.get_controller_id(watch=self._watch("elect"))
+            self.store.get_controller_id(watch=self._watch(V.Elect()))
             return
-        self.store.get_controller_id(watch=self._watch("elect"))
+        self.store.get_controller_id(watch=self._watch(V.Elect()))
         epoch, version = self.store.increment_controller_epoch()
         self.ctx = ControllerContext(epoch=epoch, epoch_zk_version=version)
         self.active = True
@@ -163,16 +244,19 @@ class Controller:
         if self.on_became_controller:
             self.on_became_controller(epoch)
 
-    def _on_session_reestablished(self) -> None:
+    def _on_session_reestablished(self, _event=None) -> None:
+        self.session_lost = False
         self._resign(delete_znode=False)
         self._on_elect()
 
-    def _on_shutdown(self) -> None:
+    def _on_shutdown(self, _event=None) -> None:
         self.stopped.set()
 
     def _resign(self, delete_znode: bool) -> None:
         was = self.active
         self.active = False
+        if was:
+            self._drop_queued(lambda event: event.only_active)
         if was and delete_znode:
             try:
                 if self.store.get_controller_id() == self.broker_id:
@@ -186,18 +270,18 @@ class Controller:
         ctx = self.ctx
         started = time.monotonic()
         self.store.ensure_paths()
-        ctx.live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=ctx.broker_epochs,
+        ctx.live = self.store.live_brokers(watch=self._watch(V.BrokerChange()), epochs=ctx.broker_epochs,
                                            endpoints=ctx.endpoints)
         self.channels.set_brokers(ctx.live)
-        for t in self.store.list_topics(watch=self._watch("topic_change")):
+        for t in self.store.list_topics(watch=self._watch(V.TopicChange())):
             self._load_topic(t)
         tps = [(t, p) for t, m in ctx.topics.items() for p in m.assignment]
         ctx.states = self.store.get_partition_states(tps)
         missing = [tp for tp in tps if tp not in ctx.states]
         if missing:
             self._create_states(missing)
-        ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch("delete_topics")))
-        self.store.take_isr_change_notifications(watch=self._watch("isr_change"))
+        ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch(V.DeleteTopics())))
+        self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
         self._elect_offline()
         # Full state to every live broker: metadata first, then roles (one request built for all).
         self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
@@ -226,16 +310,14 @@ class Controller:
         return meta
 
     def _watch_partitions(self, topic: str):
-        return lambda _event: self.enqueue("partition_change", topic)
+        return self._watch(V.PartitionChange(topic))
 
     # ------------------------------------------------------------ events
-    def _on_broker_change(self) -> None:
-        if not self.active:
-            return
+    def _on_broker_change(self, _event=None) -> None:
         ctx = self.ctx
         epochs: dict[int, int] = {}
         endpoints: dict[int, tuple[str, ...]] = {}
-        live = self.store.live_brokers(watch=self._watch("broker_change"), epochs=epochs, endpoints=endpoints)
+        live = self.store.live_brokers(watch=self._watch(V.BrokerChange()), epochs=epochs, endpoints=endpoints)
         ctx.endpoints = endpoints
         old = set(ctx.live)
         # Restarted between two looks (its old session expired and it re-registered):
@@ -316,11 +398,9 @@ class Controller:
             new = {tp: e.state for tp, e in decisions.items()}
         return done
 
-    def _on_topic_change(self) -> None:
-        if not self.active:
-            return
+    def _on_topic_change(self, _event=None) -> None:
         ctx = self.ctx
-        topics = set(self.store.list_topics(watch=self._watch("topic_change")))
+        topics = set(self.store.list_topics(watch=self._watch(V.TopicChange())))
         added = [t for t in topics if t not in ctx.topics]
         for t in set(ctx.topics) - topics:  # removed behind our back
             self._forget_topic(t)
@@ -334,18 +414,20 @@ class Controller:
             self._send_update_metadata(list(ctx.live), new_tps)
             self._send_leader_and_isr(new_tps)
 
-    def _on_topic_config_change(self, topic: str) -> None:
+    def _on_topic_config_change(self, event: V.TopicConfigChange) -> None:
         """A dynamic config change (AlterConfigs): the controller's copy, which its
         UpdateMetadata and unclean-election decisions use, follows ZooKeeper."""
-        if not self.active or topic not in self.ctx.topics:
+        topic = event.topic
+        if topic not in self.ctx.topics:
             return
         found = self.store.get_topic_config(topic)
         if found is not None:
             self.ctx.topics[topic].config = found[0]
             self._send_update_metadata(list(self.ctx.live), [(topic, p) for p in self.ctx.topics[topic].assignment])
 
-    def _on_partition_change(self, topic: str) -> None:
-        if not self.active or topic not in self.ctx.topics:
+    def _on_partition_change(self, event: V.PartitionChange) -> None:
+        topic = event.topic
+        if topic not in self.ctx.topics:
             return
         meta = self.ctx.topics[topic]
         assignment = self.store.get_assignment(topic, watch=self._watch_partitions(topic))
@@ -369,10 +451,8 @@ class Controller:
             state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} "
                                         f"NewPartition -> {ctx.states.get(tp, (None,))[0]}" for tp in tps])
 
-    def _on_isr_change(self) -> None:
-        if not self.active:
-            return
-        tps = self.store.take_isr_change_notifications(watch=self._watch("isr_change"))
+    def _on_isr_change(self, _event=None) -> None:
+        tps = self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
         tps = [tp for tp in tps if tp[0] in self.ctx.topics]
         if not tps:
             return
@@ -431,12 +511,10 @@ class Controller:
                 partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps]))
 
     # ------------------------------------------------------------ partition reassignment (seed 003)
-    def _on_reassign(self) -> None:
-        if not self.active:
-            return
+    def _on_reassign(self, _event=None) -> None:
         ctx = self.ctx
         try:
-            pending = self.store.get_reassignment(watch=self._watch("reassign"))
+            pending = self.store.get_reassignment(watch=self._watch(V.Reassign()))
         except E.InvalidRequestError as exc:  # written by hand, not by the tool
             log.error("%s is not a valid reassignment, removing it: %s", Z.REASSIGN_PARTITIONS, exc)
             self.store.set_reassignment({})
@@ -457,8 +535,8 @@ class Controller:
         if valid:
             self._advance_reassignments(list(valid))
 
-    def _on_reassignment_nudge(self) -> None:
-        if self.active and self.ctx.reassigning:
+    def _on_reassignment_nudge(self, _event=None) -> None:
+        if self.ctx.reassigning:
             self._advance_reassignments(list(self.ctx.reassigning))
 
     def _reassignment_problem(self, tp: TP, rar: list[int]) -> str | None:
@@ -529,11 +607,9 @@ class Controller:
             self.store.set_reassignment(ctx.reassigning)  # step 11: the znode goes with the last partition
 
     # ------------------------------------------------------------ preferred replica election
-    def _on_preferred_election(self) -> None:
-        if not self.active:
-            return
+    def _on_preferred_election(self, _event=None) -> None:
         try:
-            tps = self.store.get_preferred_election(watch=self._watch("preferred_election"))
+            tps = self.store.get_preferred_election(watch=self._watch(V.PreferredElection()))
         except (ValueError, KeyError, TypeError) as exc:  # written by hand, not by the tool
             log.error("%s is not a valid election request, removing it: %r", Z.PREFERRED_REPLICA_ELECTION, exc)
             self.store.delete_preferred_election()
@@ -545,9 +621,7 @@ class Controller:
                  len(tps), len(moved))
         self.store.delete_preferred_election()
 
-    def _on_auto_rebalance(self) -> None:
-        if not self.active:
-            return
+    def _on_auto_rebalance(self, _event=None) -> None:
         ctx = self.ctx
         assignments = {t: m.assignment for t, m in ctx.topics.items() if t not in ctx.deleting}
         states = {tp: s for tp, (s, _v) in ctx.states.items() if tp not in ctx.reassigning}
@@ -572,7 +646,7 @@ class Controller:
         if not self.active:
             raise E.NotControllerError(f"broker {self.broker_id} is not the controller")
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self.enqueue("controlled_shutdown", broker_id, broker_epoch, fut)
+        self.enqueue(V.ControlledShutdown(broker_id=broker_id, broker_epoch=broker_epoch, reply=fut))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
@@ -583,9 +657,10 @@ class Controller:
         raise E.RequestTimedOutError(f"controlled shutdown of broker {broker_id}: the controller did not "
                                      f"finish in {timeout_s:.0f}s")
 
-    def _on_controlled_shutdown(self, broker_id: int, broker_epoch: int, fut) -> None:
+    def _on_controlled_shutdown(self, event: V.ControlledShutdown) -> None:
+        fut = event.reply
         try:
-            fut.set_result(self._controlled_shutdown(broker_id, broker_epoch))
+            fut.set_result(self._controlled_shutdown(event.broker_id, event.broker_epoch))
         except BaseException as exc:
             fut.set_exception(exc)
             if isinstance(exc, Z.ControllerMovedError):
@@ -618,10 +693,8 @@ class Controller:
         return sorted(set(remaining) | (set(new) - set(done)))
 
     # ------------------------------------------------------------ topic deletion
-    def _on_delete_topics(self) -> None:
-        if not self.active:
-            return
-        pending = set(self.store.topics_pending_deletion(watch=self._watch("delete_topics")))
+    def _on_delete_topics(self, _event=None) -> None:
+        pending = set(self.store.topics_pending_deletion(watch=self._watch(V.DeleteTopics())))
         for t in pending - set(self.ctx.topics):
             self.store.remove_topic(t)  # nothing to delete
         self.ctx.deleting |= pending & set(self.ctx.topics)
@@ -732,6 +805,25 @@ class Controller:
                                          partitions=states, live_leaders=self._endpoints(),
                                          topics=self._topic_infos({s.topic for s in states}))
             self.channels.send(b, "LeaderAndIsr", req)
+
+
+#: Each event type's handler: the whole dispatch of the event thread.
+HANDLERS = {
+    V.Elect: Controller._on_elect,
+    V.SessionReestablished: Controller._on_session_reestablished,
+    V.Shutdown: Controller._on_shutdown,
+    V.BrokerChange: Controller._on_broker_change,
+    V.TopicChange: Controller._on_topic_change,
+    V.PartitionChange: Controller._on_partition_change,
+    V.TopicConfigChange: Controller._on_topic_config_change,
+    V.IsrChange: Controller._on_isr_change,
+    V.DeleteTopics: Controller._on_delete_topics,
+    V.Reassign: Controller._on_reassign,
+    V.ReassignmentNudge: Controller._on_reassignment_nudge,
+    V.PreferredElection: Controller._on_preferred_election,
+    V.AutoRebalance: Controller._on_auto_rebalance,
+    V.ControlledShutdown: Controller._on_controlled_shutdown,
+}
 
 
 def random_assignment(n_partitions: int, rf: int, brokers: list[int], first_partition: int = 0,

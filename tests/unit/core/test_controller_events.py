@@ -1,0 +1,150 @@
+"""The controller's event plumbing, driven with no threads: typed events through a
+dispatch table, watch events that coalesce instead of being dropped, a session LOST
+that stops the controller at once, and a resignation that empties the queue quietly.
+The real Controller and ZkStore over the simulation's in-memory ZooKeeper."""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import queue
+import sys
+import threading
+
+import pytest
+from kazoo.protocol.states import KazooState
+
+from replikafka import errors as E
+from replikafka.broker import zk_store as Z
+from replikafka.broker.controller import controller as C
+from replikafka.broker.controller import controller_events as V
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "sim"))
+from sim_zookeeper import SimKazooClient, SimZooKeeper  # noqa: E402
+
+
+class NoChannels:
+    def __init__(self):
+        self.sent = []
+
+    def set_brokers(self, live):
+        pass
+
+    def send(self, broker_id, method, request, on_response=None):
+        self.sent.append((broker_id, method))
+
+    def drain(self, timeout_s):
+        return True
+
+    def close(self):
+        pass
+
+
+def controller(server: SimZooKeeper, broker_id: int) -> C.Controller:
+    zk = SimKazooClient(server)
+    store = Z.ZkStore(zk)
+    store.ensure_paths()
+    store.register_broker(broker_id, "h", broker_id)
+    c = C.Controller(broker_id, store, clock=lambda: 0.0)
+    c.channels = NoChannels()
+    zk.add_listener(lambda state: state == KazooState.LOST and c.on_session_lost())
+    return c
+
+
+def drain(c: C.Controller) -> int:
+    n = 0
+    while c.do_work():
+        n += 1
+    return n
+
+
+def queued(c: C.Controller) -> list:
+    return [event for event, _queued_at in c.events.queue]
+
+
+def test_every_event_type_has_a_handler_in_the_table():
+    types = {cls for cls in vars(V).values()
+             if isinstance(cls, type) and issubclass(cls, V.ControllerEvent) and cls is not V.ControllerEvent}
+    assert set(C.HANDLERS) == types
+    assert all(dataclasses.is_dataclass(t) for t in types)
+
+
+def test_watch_events_coalesce_instead_of_being_dropped():
+    c = controller(SimZooKeeper(), 1)
+    for _ in range(1000):
+        c.enqueue(V.BrokerChange())
+        c.enqueue(V.PartitionChange("a"))
+    c.enqueue(V.PartitionChange("b"))
+    assert queued(c) == [V.BrokerChange(), V.PartitionChange("a"), V.PartitionChange("b")]
+    # Once taken off the queue, the next firing queues a fresh copy (the watch is re-set by then).
+    c.do_work()
+    c.enqueue(V.BrokerChange())
+    assert queued(c) == [V.PartitionChange("a"), V.PartitionChange("b"), V.BrokerChange()]
+
+
+def test_a_full_queue_blocks_a_watch_event_until_there_is_room():
+    c = controller(SimZooKeeper(), 1)
+    c.events = queue.Queue(maxsize=2)
+    c.enqueue(V.BrokerChange())
+    c.enqueue(V.TopicChange())
+    t = threading.Thread(target=c.enqueue, args=(V.IsrChange(),))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()             # waiting for room, not dropped
+    c.do_work()
+    t.join(5)
+    assert not t.is_alive() and queued(c) == [V.TopicChange(), V.IsrChange()]
+
+
+def test_session_lost_stops_the_controller_at_once_and_quietly(caplog):
+    server = SimZooKeeper()
+    c1, c2 = controller(server, 1), controller(server, 2)
+    c1.enqueue(V.Elect())
+    c2.enqueue(V.Elect())
+    drain(c1), drain(c2)
+    assert (c1.active, c2.active) == (True, False)
+    for t in range(50):
+        c1.enqueue(V.PartitionChange(f"t{t}"))
+    reply = concurrent.futures.Future()
+    c1.enqueue(V.ControlledShutdown(broker_id=2, broker_epoch=-1, reply=reply))
+    caplog.set_level(logging.INFO, logger="replikafka.controller")
+    server.expire(c1.store.zk.session_id)
+    assert not c1.active and queued(c1) == []
+    with pytest.raises(E.NotControllerError):
+        reply.result(0)
+    # Events that arrive while the session is lost are dropped, not handled: no ZooKeeper call fails.
+    c1.enqueue(V.BrokerChange())
+    c1.enqueue(V.Elect())
+    assert drain(c1) == 2 and not c1.active
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    # The other broker's watch on /controller fired: it takes over.
+    drain(c2)
+    assert c2.active and c2.ctx.epoch == 2
+    # A new session: the old controller runs for election again and loses to broker 2.
+    c1.store.zk.reconnect()
+    c1.enqueue(V.SessionReestablished())
+    drain(c1)
+    assert not c1.active and not c1.session_lost
+
+
+def test_resignation_drops_the_queued_work_quietly(caplog):
+    server = SimZooKeeper()
+    c1, c2 = controller(server, 1), controller(server, 2)
+    c1.enqueue(V.Elect())
+    drain(c1)
+    assert c1.active
+    caplog.set_level(logging.INFO, logger="replikafka.controller")
+    # Another controller took over behind its back (its znode and epoch moved): the
+    # watch's Elect is queued ahead of 51 events of the active controller's work.
+    c1.store.zk.delete(Z.CONTROLLER)
+    c2.store.try_elect_controller(2)
+    c2.store.increment_controller_epoch()
+    for t in range(50):
+        c1.enqueue(V.PartitionChange(f"t{t}"))
+    c1.enqueue(V.BrokerChange())
+    assert queued(c1)[0] == V.Elect()
+    drain(c1)
+    assert not c1.active and queued(c1) == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any("dropped 51 queued controller events" in r.getMessage() for r in caplog.records)
