@@ -43,9 +43,9 @@ def make_batch(first_id: int, n: int) -> pa.RecordBatch:
     return pa.record_batch([pa.array(ids), payload], names=["id", "payload"])
 
 
-def produce(bs: str, first_id: int, count: int) -> float:
+def produce(bs: str, first_id: int, count: int, security: dict | None = None) -> float:
     t = time.perf_counter()
-    with replikafka.Producer(bs, acks="all", idempotent=True, linger_ms=5) as prod:
+    with replikafka.Producer(bs, acks="all", idempotent=True, linger_ms=5, security=security) as prod:
         futs = [prod.send(TOPIC, make_batch(i, min(BATCH, first_id + count - i)), partition=(i // BATCH) % PARTITIONS)
                 for i in range(first_id, first_id + count, BATCH)]
         for f in futs:
@@ -57,33 +57,44 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="replikafka.demo")
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--keep", action="store_true", help="leave the cluster's files in place")
+    ap.add_argument("--secure", action="store_true",
+                    help="TLS + SASL (SCRAM) + ACLs + ZooKeeper ACLs, with throwaway certificates")
     args = ap.parse_args(argv)
     n = args.records
     started = time.time()
     root = tempfile.mkdtemp(prefix="replikafka-demo-")
-    cluster = LocalCluster(os.path.join(root, "cluster"), 3, die_with_parent=True,
+    setup = None
+    if args.secure:
+        from replikafka.security.local_setup import SecureSetup
+        setup = SecureSetup(os.path.join(root, "pki"))
+    cluster = LocalCluster(os.path.join(root, "cluster"), 3, die_with_parent=True, security=setup,
                            overrides={"zookeeper.session.timeout.ms": "6000"})
     spark = None
     try:
         say("starting ZooKeeper (from the pyspark jars) and 3 brokers ...")
         cluster.start()
-        bs = cluster.bootstrap_servers
-        say(f"cluster up: bootstrap servers {bs}, controller is broker {cluster.controller_id()}")
+        bs = cluster.bootstrap_for("SASL_SSL") if setup else cluster.bootstrap_servers
+        # secure: every client speaks SASL_SSL as User:admin; Spark takes the same keys prefixed with "kafka."
+        sec = setup.client_config("admin", "SASL_SSL") if setup else None
+        spark_sec = {f"kafka.{k}": v for k, v in (sec or {}).items()}
+        say(f"cluster up: bootstrap servers {bs}, controller is broker {cluster.controller_id()}"
+            + (" (TLS + SASL_SSL, ACLs, ZooKeeper ACLs)" if setup else ""))
 
-        admin = replikafka.Admin(bs)
+        admin = replikafka.Admin(bs, security=sec)
         admin.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3, schema="id BIGINT, payload BINARY",
                            config={"min.insync.replicas": "2"})
         for p in admin.describe_topic(TOPIC).partitions:
             say(f"  {TOPIC}-{p.partition}: leader {p.leader} replicas {list(p.replicas)} isr {list(p.isr)}")
 
-        secs = produce(bs, 0, n)
+        secs = produce(bs, 0, n, sec)
         say(f"produced {n:,} records (acks=all, RF=3) in {secs:.1f}s = {n / secs:,.0f} records/s")
 
         from replikafka.spark import local_session
         say("starting Spark (local[2]) ...")
         spark = local_session("replikafka-demo")
         from pyspark.sql import functions as F
-        df = spark.read.format("replikafka").option("bootstrap.servers", bs).option("subscribe", TOPIC).load()
+        df = spark.read.format("replikafka").option("bootstrap.servers", bs).options(**spark_sec) \
+            .option("subscribe", TOPIC).load()
         t = time.perf_counter()
         rows = df.groupBy("partition").agg(F.count("*").alias("records"), F.sum("id").alias("sum_id")) \
             .orderBy("partition").collect()
@@ -96,7 +107,7 @@ def main(argv=None) -> int:
         say(f"  total matches what was produced (count {n:,}, sum(id) {expected_sum:,})")
 
         out_dir, ckpt = os.path.join(root, "stream-out"), os.path.join(root, "stream-ckpt")
-        stream = (spark.readStream.format("replikafka").option("bootstrap.servers", bs)
+        stream = (spark.readStream.format("replikafka").option("bootstrap.servers", bs).options(**spark_sec)
                   .option("subscribe", TOPIC).option("startingOffsets", "earliest")
                   .option("maxOffsetsPerTrigger", str(max(n // 5, 1))).load()
                   .select("id", "partition", "offset"))
@@ -105,7 +116,7 @@ def main(argv=None) -> int:
         say("streaming query started (Parquet sink, exactly-once with its checkpoint)")
 
         extra = n // 5
-        producer = threading.Thread(target=produce, args=(bs, n, extra), daemon=True)
+        producer = threading.Thread(target=produce, args=(bs, n, extra, sec), daemon=True)
         producer.start()
         time.sleep(2)
         victim = admin.describe_topic(TOPIC).partitions[0].leader
@@ -121,7 +132,7 @@ def main(argv=None) -> int:
         producer.join(timeout=300)
         want = n + extra
         say(f"produced {extra:,} more records during the failure; waiting for the stream to see all {want:,}")
-        consumer = replikafka.Consumer(bs)
+        consumer = replikafka.Consumer(bs, security=sec)
         tps = [(TOPIC, p) for p in range(PARTITIONS)]
         ends = consumer.end_offsets(tps)
         consumer.close()
