@@ -168,6 +168,33 @@ class AdminManager:
             out[current + i] = reps
         return out
 
+    # ---- reassignment and preferred election: the same znodes the ZooKeeper tools write
+    def alter_partition_reassignments(self, req: pb.AlterPartitionReassignmentsRequest) -> None:
+        """Write ``/admin/reassign_partitions`` (the controller carries it out);
+        refused while one is in progress. Partitions and brokers are checked."""
+        plan = {(e.topic, e.partition): list(e.replicas) for e in req.partitions}
+        if not plan:
+            raise E.InvalidRequestError("the reassignment lists no partitions")
+        for (t, p), reps in plan.items():
+            if p not in (self.store.get_assignment(t) or {}):
+                raise E.UnknownTopicOrPartitionError(f"partition {t}-{p} does not exist")
+            if not reps or len(set(reps)) != len(reps):
+                raise E.InvalidReplicationFactorError(f"{t}-{p}: replicas {reps} must be distinct broker ids")
+        self.store.create_reassignment(plan)
+
+    def list_partition_reassignments(self) -> pb.ListPartitionReassignmentsResponse:
+        pending = self.store.get_reassignment()
+        return pb.ListPartitionReassignmentsResponse(
+            partitions=[pb.PartitionReplicas(topic=t, partition=p, replicas=r) for (t, p), r in sorted(pending.items())],
+            preferred_election_running=self.store.get_preferred_election() is not None)
+
+    def elect_leaders(self, req: pb.ElectLeadersRequest) -> None:
+        """Write ``/admin/preferred_replica_election`` for these partitions."""
+        tps = [(e.topic, e.partition) for e in req.partitions]
+        if not tps:
+            raise E.InvalidRequestError("the election lists no partitions")
+        self.store.create_preferred_election(tps)
+
     def init_producer_id(self) -> tuple[int, int]:
         with self.pid_lock:
             if self.pid_next >= self.pid_end:

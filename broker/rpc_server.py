@@ -81,6 +81,11 @@ RPC_SPECS: dict[str, RpcSpec] = {s.name: s for s in [
     RpcSpec("CreatePartitions", "admin", pb.CreatePartitionsRequest, pb.CreatePartitionsResponse),
     RpcSpec("AlterConfigs", "admin", pb.AlterConfigsRequest, pb.AlterConfigsResponse),
     RpcSpec("DescribeConfigs", "admin", pb.DescribeConfigsRequest, pb.DescribeConfigsResponse),
+    RpcSpec("AlterPartitionReassignments", "admin", pb.AlterPartitionReassignmentsRequest,
+            pb.AlterPartitionReassignmentsResponse),
+    RpcSpec("ListPartitionReassignments", "admin", pb.ListPartitionReassignmentsRequest,
+            pb.ListPartitionReassignmentsResponse),
+    RpcSpec("ElectLeaders", "admin", pb.ElectLeadersRequest, pb.ElectLeadersResponse),
     RpcSpec("OffsetsForLeaderEpoch", "cluster", pb.OffsetsForLeaderEpochRequest),
     RpcSpec("LeaderAndIsr", "cluster", pb.LeaderAndIsrRequest),
     RpcSpec("UpdateMetadata", "cluster", pb.UpdateMetadataRequest),
@@ -361,6 +366,15 @@ class BrokerServicer:
 
     def DescribeConfigs(self, request, ctx: RequestContext):
         return pb.DescribeConfigsResponse(entries=self.admin.describe_configs(request))
+
+    def AlterPartitionReassignments(self, request, ctx: RequestContext):
+        self.admin.alter_partition_reassignments(request)
+
+    def ListPartitionReassignments(self, request, ctx: RequestContext):
+        return self.admin.list_partition_reassignments()
+
+    def ElectLeaders(self, request, ctx: RequestContext):
+        self.admin.elect_leaders(request)
 
     def LeaderAndIsr(self, request, ctx: RequestContext):
         try:

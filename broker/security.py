@@ -40,7 +40,8 @@ CLUSTER = ("Cluster", A.CLUSTER_NAME)
 # RPC -> the operation it needs on each topic it names.
 TOPIC_OPERATIONS = {"Produce": "Write", "Fetch": "Read", "ListOffsets": "Read",
                     "CreateTopic": "Create", "DeleteTopic": "Delete", "CreatePartitions": "Alter",
-                    "AlterConfigs": "AlterConfigs", "DescribeConfigs": "DescribeConfigs"}
+                    "AlterConfigs": "AlterConfigs", "DescribeConfigs": "DescribeConfigs",
+                    "AlterPartitionReassignments": "Alter", "ElectLeaders": "Alter"}
 DECISIONS_MAX = 100_000
 
 
@@ -49,6 +50,8 @@ def topics_of(method: str, request) -> list[str]:
         return sorted({p.topic for p in request.partitions})
     if method in ("CreateTopic", "DeleteTopic", "CreatePartitions", "AlterConfigs", "DescribeConfigs"):
         return [request.name]
+    if method in ("AlterPartitionReassignments", "ElectLeaders"):
+        return sorted({p.topic for p in request.partitions})
     return []
 
 

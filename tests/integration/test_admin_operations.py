@@ -119,11 +119,12 @@ def test_reassign_a_topic_from_brokers_123_to_234_under_load(cluster_factory, tm
     plan = {("moving", p): [2 + (p + i) % 3 for i in range(3)] for p in range(4)}
     plan_file = write_plan(tmp_path, "plan.json", plan)
 
-    rc, out = run_cli(capsys, "reassign-partitions", "--zookeeper", cluster.zookeeper_connect,
+    # --execute and --verify through a broker (Kafka 3.x's --bootstrap-server), --generate above through ZooKeeper
+    rc, out = run_cli(capsys, "reassign-partitions", "--bootstrap-server", cluster.bootstrap_servers,
                       "--reassignment-json-file", plan_file, "--execute", "--timeout-ms", "90000")
     assert rc == 0, out
     assert "Successfully started reassignment of 4 partitions" in out and "4/4 partitions done" in out
-    rc, out = run_cli(capsys, "reassign-partitions", "--zookeeper", cluster.zookeeper_connect,
+    rc, out = run_cli(capsys, "reassign-partitions", "--bootstrap-server", cluster.bootstrap_servers,
                       "--reassignment-json-file", plan_file, "--verify")
     assert rc == 0 and out.count("completed successfully") == 4, out
     time.sleep(1.0)  # keep producing under the new assignment
@@ -206,7 +207,7 @@ def test_preferred_replica_election_restores_the_preferred_leaders(cluster_facto
     after_one = leaders(admin, "pref")
     assert after_one[0][0] == after_one[0][1]
     assert {p: v for p, v in after_one.items() if p != 0} == {p: v for p, v in before.items() if p != 0}
-    rc, out = run_cli(capsys, "preferred-replica-election", "--zookeeper", cluster.zookeeper_connect)
+    rc, out = run_cli(capsys, "preferred-replica-election", "--bootstrap-server", cluster.bootstrap_servers)
     assert rc == 0 and "6 of 6 partitions" in out, out
     assert all(l == pref for l, pref in leaders(admin, "pref").values())
     log = prod.stop()

@@ -14,11 +14,14 @@ import sys
 import time
 
 from replikafka import errors as E
+from replikafka.cli import command_config
 
 
 def add_parser(sub, name):
     p = sub.add_parser(name, help="move leadership back to the preferred (first) replicas")
-    p.add_argument("--zookeeper", metavar="H:P", required=True, help="the cluster's ZooKeeper (with chroot)")
+    p.add_argument("--bootstrap-server", metavar="H:P", help="brokers to connect to (as Kafka 3.x)")
+    command_config.add_argument(p)
+    p.add_argument("--zookeeper", metavar="H:P", help="or the cluster's ZooKeeper (with chroot)")
     p.add_argument("--path-to-json-file", metavar="F", help="only these partitions (default: all)")
     p.add_argument("--timeout-ms", type=int, default=60_000, help="how long to wait for the controller")
     p.set_defaults(func=run)
@@ -46,17 +49,20 @@ def run(args) -> int:
     except ValueError as exc:
         sys.stderr.write(f"replikafka preferred-replica-election: error: {exc}\n")
         return 2
-    from replikafka.broker.zk_store import ZkStore
-    from replikafka.cli.zk_session import zk_session
+    from replikafka.cli.admin_store import open_store
 
-    with zk_session(args.zookeeper) as zk:
-        store = ZkStore(zk)
+    if not args.bootstrap_server and not args.zookeeper:
+        sys.stderr.write("replikafka preferred-replica-election: error: --bootstrap-server (or --zookeeper) is required\n")
+        return 2
+    with open_store(args) as store:
         assignments = {t: store.get_assignment(t) or {} for t in store.list_topics()}
         if wanted is None:
             wanted = [(t, p) for t, a in sorted(assignments.items()) for p in sorted(a)]
             if not wanted:
-                raise E.UnknownTopicOrPartitionError(f"ZooKeeper at {args.zookeeper} holds no topics "
-                                                     f"(the wrong chroot?)")
+                where = (f"the cluster at {args.bootstrap_server}" if args.bootstrap_server
+                         else f"ZooKeeper at {args.zookeeper}")
+                raise E.UnknownTopicOrPartitionError(f"{where} holds no topics"
+                                                     + ("" if args.bootstrap_server else " (the wrong chroot?)"))
         unknown = [f"{t}-{p}" for t, p in wanted if p not in assignments.get(t, {})]
         if unknown:
             raise E.UnknownTopicOrPartitionError(f"partitions {', '.join(unknown)} do not exist")

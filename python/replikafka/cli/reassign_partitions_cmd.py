@@ -1,7 +1,7 @@
 """`replikafka reassign-partitions`: move partitions to other brokers (seed 003).
 
-    replikafka reassign-partitions --zookeeper H:P --topics-to-move-json-file F --broker-list "4,5,6" --generate
-    replikafka reassign-partitions --zookeeper H:P --reassignment-json-file F --execute [--no-wait]
+    replikafka reassign-partitions --bootstrap-server H:P --topics-to-move-json-file F --broker-list "4,5,6" --generate
+    replikafka reassign-partitions --bootstrap-server H:P --reassignment-json-file F --execute [--no-wait]
     replikafka reassign-partitions --zookeeper H:P --reassignment-json-file F --verify
 
 ``--generate`` prints the current assignment and a proposal (Kafka's round-robin
@@ -20,13 +20,16 @@ import sys
 import time
 
 from replikafka import errors as E
+from replikafka.cli import command_config
 
 TP = tuple[str, int]
 
 
 def add_parser(sub, name):
     p = sub.add_parser(name, help="move partitions to other brokers")
-    p.add_argument("--zookeeper", metavar="H:P", required=True, help="the cluster's ZooKeeper (with chroot)")
+    p.add_argument("--bootstrap-server", metavar="H:P", help="brokers to connect to (as Kafka 3.x)")
+    command_config.add_argument(p)
+    p.add_argument("--zookeeper", metavar="H:P", help="or the cluster's ZooKeeper (with chroot)")
     p.add_argument("--generate", action="store_true", help="propose a plan for --topics-to-move-json-file")
     p.add_argument("--execute", action="store_true", help="start the plan in --reassignment-json-file")
     p.add_argument("--verify", action="store_true", help="check the plan in --reassignment-json-file")
@@ -53,11 +56,9 @@ def run(args) -> int:
     except UsageError as exc:
         sys.stderr.write(f"replikafka reassign-partitions: error: {exc}\n")
         return 2
-    from replikafka.broker.zk_store import ZkStore
-    from replikafka.cli.zk_session import zk_session
+    from replikafka.cli.admin_store import open_store
 
-    with zk_session(args.zookeeper) as zk:
-        store = ZkStore(zk)
+    with open_store(args) as store:
         if action == "generate":
             return _generate(store, topics, brokers)
         if action == "execute":
@@ -70,6 +71,8 @@ def _check(args) -> str:
     if len(chosen) != 1:
         raise UsageError("give exactly one of --generate, --execute, --verify")
     action = chosen[0]
+    if not args.bootstrap_server and not args.zookeeper:
+        raise UsageError("--bootstrap-server (or --zookeeper) is required")
     if action == "generate" and (not args.topics_to_move_json_file or not args.broker_list):
         raise UsageError("--generate needs --topics-to-move-json-file and --broker-list")
     if action != "generate" and not args.reassignment_json_file:

@@ -206,6 +206,28 @@ class Admin:
                                     final=(E.UnknownTopicOrPartitionError,))
         return {e.name: (e.value, e.source) for e in response.entries}
 
+    def alter_partition_reassignments(self, plan: dict[tuple[str, int], list[int]], timeout_ms: int = 30_000) -> None:
+        """Start moving partitions to new replicas ((topic, partition) -> broker
+        ids); the controller carries it out. Refused while one is in progress."""
+        request = pb.AlterPartitionReassignmentsRequest(partitions=[
+            pb.PartitionReplicas(topic=t, partition=p, replicas=list(r)) for (t, p), r in sorted(plan.items())])
+        self._admin_call("AlterPartitionReassignments", request, time.monotonic() + timeout_ms / 1000,
+                         "start the reassignment", final=(E.UnknownTopicOrPartitionError,))
+
+    def list_partition_reassignments(self, timeout_ms: int = 30_000) -> tuple[dict[tuple[str, int], list[int]], bool]:
+        """The reassignment in progress ((topic, partition) -> target replicas,
+        empty if none) and whether a preferred leader election is running."""
+        r = self._admin_call("ListPartitionReassignments", pb.ListPartitionReassignmentsRequest(),
+                             time.monotonic() + timeout_ms / 1000, "list reassignments")
+        return {(e.topic, e.partition): list(e.replicas) for e in r.partitions}, r.preferred_election_running
+
+    def elect_preferred_leaders(self, partitions: Iterable[tuple[str, int]], timeout_ms: int = 30_000) -> None:
+        """Start a preferred leader election for these partitions (Kafka's ElectLeaders, PREFERRED)."""
+        request = pb.ElectLeadersRequest(partitions=[pb.PartitionReplicas(topic=t, partition=p)
+                                                     for t, p in sorted(set(partitions))])
+        self._admin_call("ElectLeaders", request, time.monotonic() + timeout_ms / 1000,
+                         "start the preferred leader election")
+
     # ------------------------------------------------------------ queries
     def list_topics(self) -> list[str]:
         """Names of all topics, sorted."""
