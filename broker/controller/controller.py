@@ -31,6 +31,8 @@ from replikafka.broker import state_change_log
 from replikafka.broker import zk_store as Z
 from replikafka.broker.controller import controller_decisions as D
 from replikafka.broker.controller import controller_events as V
+from replikafka.broker.controller.controller_states import (PARTITION_TRANSITIONS, REPLICA_TRANSITIONS,
+                                                            PartitionState as PS, ReplicaState as RS, StateMachine)
 from replikafka.broker.controller.broker_channels import ControllerChannelManager
 from replikafka.broker.metrics import ControllerStats
 from replikafka.broker.zk_store import LeaderAndIsr, ZkStore
@@ -69,6 +71,12 @@ class ControllerContext:
     deleting: set[str] = field(default_factory=set)
     reassigning: dict[TP, list[int]] = field(default_factory=dict)   # partition -> target replicas (RAR)
     shutting_down: set[int] = field(default_factory=set)             # brokers in controlled shutdown
+    # Kafka's partition and replica state machines (controller_states.py): per partition,
+    # and per (partition, broker) replica.
+    partition_states: StateMachine = field(
+        default_factory=lambda: StateMachine("partition", PARTITION_TRANSITIONS, PS.NON_EXISTENT))
+    replica_states: StateMachine = field(
+        default_factory=lambda: StateMachine("replica", REPLICA_TRANSITIONS, RS.NON_EXISTENT))
 
 
 class Controller:
@@ -277,12 +285,16 @@ class Controller:
             self._load_topic(t)
         tps = [(t, p) for t, m in ctx.topics.items() for p in m.assignment]
         ctx.states = self.store.get_partition_states(tps)
+        for tp, (s, _v) in ctx.states.items():   # as loaded, like Kafka's initializePartitionState
+            ctx.partition_states.initialize(tp, PS.ONLINE if s.leader in ctx.live else PS.OFFLINE)
+            for b in ctx.topics[tp[0]].assignment[tp[1]]:
+                ctx.replica_states.initialize((tp, b), RS.ONLINE if b in ctx.live else RS.OFFLINE)
         missing = [tp for tp in tps if tp not in ctx.states]
         if missing:
             self._create_states(missing)
         ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch(V.DeleteTopics())))
         self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
-        self._elect_offline()
+        self._sync_partition_states(self._elect_offline())
         # Full state to every live broker: metadata first, then roles (one request built for all).
         self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
         self._send_leader_and_isr(list(ctx.states))
@@ -336,8 +348,12 @@ class Controller:
         # with broker epochs, it is handled as failed and then as started, so the
         # partitions it led get a new leader and epoch rather than a leader that
         # forgot its HW.
+        self._replicas_of_brokers_to(dead | bounced, RS.OFFLINE)
         changed = self._elect_offline(exclude=bounced) if bounced else []
         changed += [tp for tp in self._elect_offline() if tp not in changed]
+        self._replicas_of_brokers_to(new, RS.ONLINE)
+        self._sync_partition_states(changed + [tp for tp, (s, _v) in ctx.states.items()
+                                               if s.leader in dead or s.leader in bounced])
         # New brokers learn everything; everyone else learns the changed partitions
         # and the new set of live brokers (as Kafka's onBrokerStartup/onBrokerFailure:
         # a broker that leads nothing is still a broker clients must be told of).
@@ -444,9 +460,12 @@ class Controller:
         ctx = self.ctx
         live = set(ctx.live)
         new = {tp: D.initial_leader_and_isr(ctx.topics[tp[0]].assignment[tp[1]], live, ctx.epoch) for tp in tps}
+        ctx.partition_states.transition(tps, PS.NEW, self.recent)
+        self._replicas_appear([(tp, b) for tp in tps for b in ctx.topics[tp[0]].assignment[tp[1]]])
         self.store.create_partition_states(new)
         # Re-read: a partition created by an earlier controller keeps its state.
         ctx.states.update(self.store.get_partition_states(tps))
+        self._sync_partition_states(tps)
         if state_change_log.enabled():  # one record for the batch (a line per partition)
             state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} "
                                         f"NewPartition -> {ctx.states.get(tp, (None,))[0]}" for tp in tps])
@@ -572,6 +591,7 @@ class Controller:
         # replicas there), then the epoch bump, then LeaderAndIsr to every replica of AR.
         starting = [tp for tp, st in steps.items() if not st.done and st.assignment is not None]
         self._write_assignments({tp: steps[tp].assignment for tp in starting})
+        self._replicas_appear([(tp, b) for tp in starting for b in steps[tp].assignment])
         self._write_decided({tp: steps[tp].state for tp in starting}, "reassignment: new replicas")
         self._announce(starting)
         # Steps 5-10: leader into RAR and ISR = RAR (one guarded write), AR = RAR in the
@@ -591,6 +611,7 @@ class Controller:
                     stops.setdefault(b, []).append(tp)
             for b, parts in stops.items():
                 self._send_stop_replica(b, parts, delete=True)
+                self._replicas_deleted([(tp, b) for tp in parts])
             self._write_assignments({tp: steps[tp].assignment for tp in finishing
                                      if steps[tp].assignment is not None})
         except BaseException:
@@ -736,6 +757,11 @@ class Controller:
                 log.warning("deletion of %s: not every replica confirmed yet; will retry", topic)
                 continue
             self.store.remove_topic(topic)
+            tps = [(topic, p) for p in meta.assignment]
+            self._replicas_deleted([(tp, b) for tp in tps for b in meta.assignment[tp[1]]])
+            tps = [tp for tp in tps if ctx.partition_states.state(tp) != PS.NON_EXISTENT]
+            ctx.partition_states.transition(tps, PS.OFFLINE, self.recent)
+            ctx.partition_states.transition(tps, PS.NON_EXISTENT, self.recent)
             self._forget_topic(topic)
             ctx.deleting.discard(topic)
             state_log.info("controller %d epoch %d: topic %s deleted", self.broker_id, ctx.epoch, topic)
@@ -747,8 +773,45 @@ class Controller:
     def _forget_topic(self, topic: str) -> None:
         meta = self.ctx.topics.pop(topic, None)
         if meta:
-            for p in meta.assignment:
+            for p, replicas in meta.assignment.items():
                 self.ctx.states.pop((topic, p), None)
+                self.ctx.partition_states.forget([(topic, p)])
+                self.ctx.replica_states.forget([((topic, p), b) for b in replicas])
+
+    # ------------------------------------------------------------ state machines (bookkeeping)
+    def _sync_partition_states(self, tps) -> None:
+        """Partitions whose leadership was just decided or loaded: Online with a live
+        leader, Offline without one."""
+        ctx = self.ctx
+        online, offline = [], []
+        for tp in dict.fromkeys(tps):
+            entry = ctx.states.get(tp)
+            if entry is not None:
+                (online if entry[0].leader in ctx.live else offline).append(tp)
+        ctx.partition_states.transition(online, PS.ONLINE, self.recent)
+        ctx.partition_states.transition(offline, PS.OFFLINE, self.recent)
+
+    def _replicas_of_brokers_to(self, brokers, to) -> None:
+        if brokers:
+            ctx = self.ctx
+            ctx.replica_states.transition([((t, p), b) for t, m in ctx.topics.items() for p, r in m.assignment.items()
+                                           for b in r if b in brokers], to, self.recent)
+
+    def _replicas_appear(self, replicas) -> None:
+        """Replicas newly assigned (a new partition, a reassignment's new replicas): New,
+        then Online on a live broker or Offline. Replicas already known keep their state."""
+        ctx = self.ctx
+        fresh = [r for r in dict.fromkeys(replicas) if ctx.replica_states.state(r) == RS.NON_EXISTENT]
+        ctx.replica_states.transition(fresh, RS.NEW, self.recent)
+        ctx.replica_states.transition([r for r in fresh if r[1] in ctx.live], RS.ONLINE, self.recent)
+        ctx.replica_states.transition([r for r in fresh if r[1] not in ctx.live], RS.OFFLINE, self.recent)
+
+    def _replicas_deleted(self, replicas) -> None:
+        """Replicas told to delete themselves: Offline, deletion started and done, gone."""
+        ctx = self.ctx
+        known = [r for r in dict.fromkeys(replicas) if ctx.replica_states.state(r) != RS.NON_EXISTENT]
+        for to in (RS.OFFLINE, RS.DELETION_STARTED, RS.DELETION_SUCCESSFUL, RS.NON_EXISTENT):
+            ctx.replica_states.transition(known, to, self.recent)
 
     # ------------------------------------------------------------ requests to brokers
     def _endpoints(self) -> list[pb.BrokerEndpoint]:

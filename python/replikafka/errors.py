@@ -221,6 +221,17 @@ class CommandError(ReplikafkaError):
     code = "COMMAND_ERROR"
 
 
+class IllegalStateTransitionError(ReplikafkaError):
+    """The controller tried to move a partition or replica along a transition its state
+    machine does not allow (a bug in the controller's bookkeeping)."""
+    code = "ILLEGAL_STATE"
+
+    def __init__(self, message: str = "", *, key=None, from_state=None, to_state=None, recent_events=()):
+        super().__init__(message)
+        self.key, self.from_state, self.to_state = key, from_state, to_state
+        self.recent_events = tuple(recent_events)
+
+
 class KafkaTimeoutError(ReplikafkaError):
     """The client gave up after retrying within its deadline."""
     code = "TIMEOUT"

@@ -148,3 +148,34 @@ def test_resignation_drops_the_queued_work_quietly(caplog):
     assert not c1.active and queued(c1) == []
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert any("dropped 51 queued controller events" in r.getMessage() for r in caplog.records)
+
+
+def test_failover_and_a_broker_failure_move_the_state_machines():
+    from replikafka import records as R
+    from replikafka.broker.controller.controller_states import PartitionState as PS, ReplicaState as RS
+
+    server = SimZooKeeper()
+    c1 = controller(server, 1)
+    others = {b: SimKazooClient(server) for b in (2, 3)}
+    for b, zk in others.items():
+        Z.ZkStore(zk).register_broker(b, "h", b)
+    c1.store.create_topic("t", {0: [3, 1, 2], 1: [1, 2, 3]}, R.schema_to_bytes(R.stored_schema(R.KAFKA_SCHEMA)),
+                          {"topic.id": "x"})
+    c1.enqueue(V.Elect())
+    drain(c1)
+    ctx = c1.ctx
+    assert ctx.partition_states.states == {("t", 0): PS.ONLINE, ("t", 1): PS.ONLINE}
+    assert set(ctx.replica_states.states.values()) == {RS.ONLINE} and len(ctx.replica_states.states) == 6
+    assert {tp: s.leader for tp, (s, _v) in ctx.states.items()} == {("t", 0): 3, ("t", 1): 1}
+    c1.channels.sent.clear()
+    server.expire(others[3].session_id)          # broker 3 dies
+    drain(c1)
+    assert ctx.replica_states.states == {(("t", 0), 3): RS.OFFLINE, (("t", 1), 3): RS.OFFLINE,
+                                         (("t", 0), 1): RS.ONLINE, (("t", 1), 1): RS.ONLINE,
+                                         (("t", 0), 2): RS.ONLINE, (("t", 1), 2): RS.ONLINE}
+    assert ctx.partition_states.states == {("t", 0): PS.ONLINE, ("t", 1): PS.ONLINE}
+    assert {tp: (s.leader, s.leader_epoch, s.isr) for tp, (s, _v) in ctx.states.items()} == {
+        ("t", 0): (1, 1, (1, 2)), ("t", 1): (1, 0, (1, 2))}
+    assert sorted(c1.channels.sent) == [(1, "LeaderAndIsr"), (1, "UpdateMetadata"), (2, "LeaderAndIsr"),
+                                        (2, "UpdateMetadata")]
+    assert [type(e).__name__ for e in c1.recent][-1] == "BrokerChange"
