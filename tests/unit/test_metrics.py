@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from replikafka import errors as E
 from replikafka.broker import log_levels
 from replikafka.broker.config import BrokerConfig
+from replikafka.broker.controller.controller_events import Elect
 from replikafka.broker.controller.controller import Controller
 from replikafka.broker.http_server import BrokerHttpServer
 from replikafka.broker.metrics import (BrokerMetrics, ControllerCollector, ReplicaManagerCollector,
@@ -165,7 +166,7 @@ def test_controller_gauges_only_on_the_active_controller():
     assert s["kafka_controller_kafkacontroller_activecontrollercount"][()] == 1
     assert s["kafka_controller_kafkacontroller_globalpartitioncount"][()] == 3
     assert s["kafka_controller_kafkacontroller_offlinepartitionscount"][()] == 2   # no leader; leader 3 is dead
-    c.enqueue("elect")
+    c.enqueue(Elect())
     assert samples(m.registry)["kafka_controller_controllereventmanager_eventqueuesize"][()] == 1
     c.stats.elections([1, 2, -1], [1, 3, 2])
     c.stats.unclean_election()
