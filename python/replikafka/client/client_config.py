@@ -8,6 +8,8 @@ never mistaken for a bootstrap address.
 - A key this client honours becomes its keyword argument (value converted).
 - A key of Kafka's own client configuration that means nothing here (e.g.
   ``client.id``, ``compression.type``) is accepted and listed once in a warning.
+- Security keys (``security.protocol``, ``ssl.*``, ``sasl.*``) become the
+  client's ``security`` argument, checked there.
 - Any other key is refused with :class:`InvalidConfigError`, naming it and the
   closest known key.
 
@@ -110,6 +112,11 @@ KAFKA_CLIENT_KEYS_IGNORED = frozenset({
 })
 
 
+def _is_security_key(key: str) -> bool:
+    """librdkafka's security keys, passed on as the client's ``security`` config."""
+    return key == "security.protocol" or key.startswith("ssl.") or key.startswith("sasl.")
+
+
 def _suggest(key: str, known: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
@@ -122,9 +129,12 @@ def kwargs_from_config(client: str, config: Mapping[str, Any], table: Mapping[st
     one of Kafka's own client keys; warns once listing the ignored Kafka keys."""
     out: dict[str, Any] = {}
     ignored: list[str] = []
+    security: dict[str, Any] = {}
     for raw_key, value in config.items():
         key = str(raw_key).strip()
-        if key in table:
+        if _is_security_key(key):
+            security[key] = value  # the client's TLS/SASL set-up reads and checks them
+        elif key in table:
             name, convert = table[key]
             out[name] = convert(key, value)
         elif key in SECURITY_KEYS or key.startswith(("ssl.", "sasl.")):
@@ -137,6 +147,8 @@ def kwargs_from_config(client: str, config: Mapping[str, Any], table: Mapping[st
                 f"honoured: {', '.join(sorted(table))}")
     if "bootstrap_servers" not in out:
         raise E.InvalidConfigError(f"{client} config needs bootstrap.servers")
+    if security:
+        out["security"] = security
     if ignored:
         log.warning("%s: ignoring Kafka client config keys that do not apply here: %s", client,
                     ", ".join(sorted(ignored)))

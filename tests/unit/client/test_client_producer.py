@@ -177,6 +177,8 @@ def test_a_kafka_style_config_dict_configures_each_client(fake, caplog):
         replikafka.Producer({"bootstrap.servers": fake.bootstrap, "linger.mss": 5})
     with pytest.raises(E.InvalidConfigError, match="bootstrap.servers"):
         replikafka.Producer({"acks": "all"})
+    with pytest.raises(E.InvalidConfigError, match="unknown security config 'ssl.bogus'"):  # reaches the TLS set-up
+        replikafka.Producer({"bootstrap.servers": fake.bootstrap, "security.protocol": "SSL", "ssl.bogus": "x"})
 
 
 def test_retriable_errors_give_up_at_the_delivery_timeout(fake):
