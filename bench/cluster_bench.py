@@ -28,17 +28,27 @@ def _produce(bs: str, topic: str, batches, security: dict | None = None) -> floa
         return time.perf_counter() - t
 
 
-def _consume(bs: str, topic: str, n: int, security: dict | None = None) -> float:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc/<pid>/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _consume(bs: str, topic: str, n: int, broker_pid: int, security: dict | None = None) -> tuple[float, float]:
+    """(seconds, broker CPU seconds) to read ``n`` records from partition 0."""
     c = replikafka.Consumer(bs, fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20, security=security)
     c.assign([(topic, 0)])
     c.seek((topic, 0), 0)
     got = 0
+    cpu = process_cpu_s(broker_pid)
     t = time.perf_counter()
     while got < n:
         got += c.poll(timeout_ms=1000).num_rows
     elapsed = time.perf_counter() - t
+    cpu = process_cpu_s(broker_pid) - cpu
     c.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def run() -> list[dict]:
@@ -46,7 +56,7 @@ def run() -> list[dict]:
     n = len(batches) * S.BATCH
     nbytes = n * S.VALUE_BYTES
     root = tempfile.mkdtemp(prefix="cluster-bench-")
-    best = {k: float("inf") for k in ("produce", "consume", "append", "read")}
+    best = {k: float("inf") for k in ("produce", "consume", "append", "read", "consume_cpu")}
     cluster = LocalCluster(os.path.join(root, "cluster"), 1, die_with_parent=True,
                            overrides={"message.max.bytes": str(64 << 20)})
     try:
@@ -57,7 +67,8 @@ def run() -> list[dict]:
             admin.create_topic(topic, partitions=1, replication_factor=1, schema="value BINARY",
                                config={"max.message.bytes": str(64 << 20), "segment.bytes": str(1 << 30)})
             best["produce"] = min(best["produce"], _produce(cluster.bootstrap_servers, topic, batches))
-            best["consume"] = min(best["consume"], _consume(cluster.bootstrap_servers, topic, n))
+            took, cpu = _consume(cluster.bootstrap_servers, topic, n, cluster.procs[1].pid)
+            best["consume"], best["consume_cpu"] = min(best["consume"], took), min(best["consume_cpu"], cpu)
             d = os.path.join(root, f"log-{r}")
             best["append"] = min(best["append"], S.log_append(d, batches))
             best["read"] = min(best["read"], _engine_read(d, n))
@@ -72,6 +83,8 @@ def run() -> list[dict]:
                          baseline=n / base, ratio=base / ours))
         rows.append(dict(bench="cluster", metric=f"{name} MB/s", value=nbytes / ours / 1e6, unit="MB/s",
                          baseline=nbytes / base / 1e6, ratio=base / ours))
+    rows.append(dict(bench="cluster", metric="consume: broker CPU s per GB served",
+                     value=best["consume_cpu"] / (nbytes / 1e9), unit="s/GB"))
     return rows
 
 

@@ -500,6 +500,9 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
     _k("controller.socket.timeout.ms", INT, 30000, "ms",
        "Timeout of the controller's RPCs to brokers.", Range(1, INT_MAX)),
     _k("num.io.threads", INT, 8, "threads", "Threads serving requests.", Range(1, INT_MAX)),
+    _k("flight.max.bytes.in.flight", INT, 64 << 20, "bytes",
+       "Stored bytes all Arrow Flight reads of this broker hold at once, handed to gRPC and not yet written "
+       "(a read waits for room; one batch larger than this goes alone).", Range(1, INT_MAX)),
     _k("queued.max.requests", INT, 500, "requests",
        "Requests queued before the broker stops reading new ones.", Range(1, INT_MAX)),
     _k("producer.id.expiration.ms", INT, 86400000, "ms",

@@ -169,10 +169,13 @@ class Partition:
                 self.cond.wait(min(left, 100) / 1000.0)
 
     # ------------------------------------------------------------ leader: reads
-    def read_committed(self, offset: int, max_bytes: int, current_leader_epoch: int, columns=None):
-        """Consumers: data in [offset, HW); [HW, LEO] gives an empty result. While a new
-        leader's HW is not known yet (:meth:`LeaderState.client_hw`) the answer is empty
-        with HW -1: the reader waits and asks again, and never sees its HW go back."""
+    def read_committed(self, offset: int, max_bytes: int, current_leader_epoch: int, end: int | None = None,
+                       at_least_one: bool = True):
+        """Consumers (Fetch and Flight): the stored batches holding [offset, min(end, HW)),
+        verbatim (``Log.read_stored``); [HW, LEO] gives None. Returns (result, HW, LEO, log
+        start). While a new leader's HW is not known yet (:meth:`LeaderState.client_hw`)
+        the answer is empty with HW -1: the reader waits and asks again, and never sees
+        its HW go back."""
         with self.lock:
             st = self._require_leader()
             self.check_epoch(current_leader_epoch)
@@ -182,7 +185,8 @@ class Partition:
                 f"{self.topic}-{self.partition}: offset {offset} is outside [{lso}, {leo}]")
         if offset >= hw:
             return None, hw, leo, lso
-        return self.log.read(offset, max_bytes, hw, columns=columns), hw, leo, lso
+        return self.log.read_stored(offset, max_bytes, hw if end is None else min(end, hw), at_least_one), \
+            hw, leo, lso
 
     def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, current_leader_epoch: int):
         """A follower's fetch: records its LEO (may move the HW), returns raw batches."""

@@ -19,6 +19,7 @@ from replikafka import records as R
 from replikafka.broker import state_change_log
 from replikafka.broker.metrics import ReplicaStats
 from replikafka.broker.partition import LEADER, Partition
+from replikafka.broker.storage.log import clip_stored
 from replikafka.broker.zk_store import LeaderAndIsr
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import to_pb
@@ -61,8 +62,12 @@ class ReplicaManager:
         p = self.get((topic, partition))
         if p is not None:
             return p
-        if self.metadata.topic(topic) is None:
+        entry = self.metadata.topic(topic)
+        if entry is None:
             raise E.UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        if entry.partitions and partition not in entry.partitions:
+            raise E.UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} "
+                                                 f"(it has {len(entry.partitions)})")
         raise E.NotLeaderOrFollowerError(f"broker {self.broker_id} does not host {topic}-{partition}")
 
     def notify_data(self) -> None:
@@ -309,12 +314,13 @@ class ReplicaManager:
                             r.records, size = data, len(data)
                         r.records_base_offset, r.record_count = raw.first_offset, raw.record_count
                 else:
-                    res, hw, leo, lso = part.read_committed(fp.fetch_offset, max_bytes, fp.current_leader_epoch,
-                                                            columns)
-                    if res is not None and res.record_count:
-                        data = R.encode_stream(res.batches[0].schema, res.batches)
-                        r.records, size = data.to_pybytes(), data.size
-                        r.records_base_offset, r.record_count = res.first_offset, res.record_count
+                    if columns is not None:
+                        part.log.check_columns(columns)
+                    stored, hw, leo, lso = part.read_committed(fp.fetch_offset, max_bytes, fp.current_leader_epoch)
+                    if stored is not None and stored.batches:
+                        data, r.records_base_offset, r.record_count = self._consumer_records(
+                            part, stored, fp.fetch_offset, columns)
+                        r.records, size = data, len(data)
                 r.high_watermark, r.log_end_offset, r.log_start_offset = hw, leo, lso
                 total += size  # not len(r.records): reading a bytes field back copies it
                 if size:
@@ -322,12 +328,26 @@ class ReplicaManager:
             except E.ReplikafkaError as exc:
                 r.error.CopyFrom(to_pb(exc))
                 any_error = True
-            except KeyError as exc:  # an unknown projected column
-                r.error.CopyFrom(to_pb(E.InvalidRequestError(f"unknown column {exc} in the projection")))
-                any_error = True
         if hw_moved:  # a follower's fetch committed data: wake the consumers' long polls now
             self.notify_data()
         return out, total, any_error
+
+    @staticmethod
+    def _consumer_records(part: Partition, stored, fetch_offset: int, columns) -> tuple[bytes, int, int]:
+        """A consumer's Fetch records: (IPC stream, its first offset, record count). The
+        stored batches go as stored (one copy, into the response) unless the range
+        starts or ends inside one or a projection applies: then only those are re-framed."""
+        clipped = clip_stored(stored.batches, fetch_offset, stored.end_offset, columns)
+        count = sum(c.batch.num_rows for c in clipped)
+        if all(c.verbatim is not None for c in clipped):
+            return b"".join([part.log.schema_message, *(c.verbatim.message for c in clipped)]), \
+                clipped[0].first_offset, count
+        data = R.encode_stream(clipped[0].batch.schema, [c.batch for c in clipped])
+        return data.to_pybytes(), clipped[0].first_offset, count
+
+    def flight_partition(self, topic: str, partition: int) -> Partition:
+        """The partition a Flight read names, or the error Fetch would give."""
+        return self._partition_or_error(topic, partition)
 
     # ------------------------------------------------------------ offsets
     def list_offsets(self, req: pb.ListOffsetsRequest) -> pb.ListOffsetsResponse:

@@ -19,6 +19,7 @@ from concurrent import futures
 import grpc
 from kazoo.client import KazooClient, KazooState
 
+from replikafka import errors as E
 from replikafka import records as R
 from replikafka.errors import UnknownTopicOrPartitionError
 from replikafka.client.connection import open_channel, target_of
@@ -26,6 +27,8 @@ from replikafka.broker.admin_manager import AdminManager
 from replikafka.broker.config import BrokerConfig, Endpoint, log_config_for_topic
 from replikafka.broker.controller.controller import Controller
 from replikafka.broker.http_server import start_http
+from replikafka.broker.flight_security import flight_server_options
+from replikafka.broker.flight_server import BrokerFlightServer
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.metrics import BrokerMetrics
 from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
@@ -39,7 +42,9 @@ from replikafka.broker.startup_failure import check_port_free, startup_failure_l
 from replikafka.broker.storage.log_manager import LogManager
 from replikafka.broker.security import BrokerSecurity
 from replikafka.broker.zk_store import PERSISTENT_PATHS, ZkStore
+from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
+from replikafka.protocol.rpc_errors import from_pb, from_rpc_error
 
 log = logging.getLogger("replikafka.broker")
 TOPIC_ID_KEY = "topic.id"
@@ -111,6 +116,11 @@ class BrokerServer:
         self.threads: list[threading.Thread] = []
         self.zk: KazooClient | None = None
         self.grpc_servers: list[grpc.Server] = []
+        self.flight_server = None
+        # More Arrow Flight middleware (e.g. metrics), set before start(); security's
+        # comes from broker/flight_security.py.
+        self.flight_middleware: dict = {}
+        self._offset_channels: dict[int, grpc.Channel] = {}
         # The RPC pipeline's hooks (broker/rpc_server.py): who may call what, and
         # what each call cost. Security and metrics replace them before start().
         self.request_gate = OpenGate()
@@ -158,6 +168,7 @@ class BrokerServer:
         self.http = start_http(self)
         if self.http is not None:
             self.store.registration_extra["metrics_url"] = self.http.url
+        self._serve_flight()
         # A previous incarnation's ephemeral node lives until its session times out.
         self.broker_epoch = self.store.register_broker(
             self.broker_id, self.endpoint.host, self.endpoint.port,
@@ -251,6 +262,71 @@ class BrokerServer:
             server.start()
             self.grpc_servers.append(server)
         self.endpoint = self._advertised(self.config.advertised_endpoint())
+
+    def _serve_flight(self) -> None:
+        """The Arrow Flight listener (``FLIGHT://host:port`` in listeners), if configured."""
+        listener = self.config.listener("FLIGHT")
+        if listener is None:
+            return
+        options = flight_server_options(self.security)
+        options["middleware"] = {**options.get("middleware", {}), **self.flight_middleware}
+        scheme = "grpc+tls" if options.get("tls_certificates") else "grpc"
+        try:
+            self.flight_server = BrokerFlightServer(
+                f"{scheme}://{listener.host or '0.0.0.0'}:{listener.port}", self.replica_manager, self.metadata,
+                max_bytes_in_flight=self.config.get("flight.max.bytes.in.flight"),
+                wait_timeout_s=self.config.get("request.timeout.ms") / 1000.0,
+                flight_location_of=self._flight_location, partition_offsets=self._partition_offsets,
+                security=self.security, **options)
+        except Exception as exc:    # pyarrow raises a plain OSError/ArrowException for a port in use
+            from replikafka.errors import InvalidConfigError
+            raise InvalidConfigError(f"listeners: cannot serve Arrow Flight on {listener} ({exc})") from None
+        self.bound["FLIGHT"] = Endpoint("FLIGHT", listener.host, self.flight_server.port)
+        log.info("broker %d serving Arrow Flight on port %d", self.broker_id, self.flight_server.port)
+
+    def _flight_location(self, broker_id: int) -> str | None:
+        """``grpc://host:port`` of a broker's advertised Flight listener (None: it has none)."""
+        if broker_id == self.broker_id:
+            endpoints = [str(e) for e in self.advertised_endpoints()]
+        else:
+            endpoints = self.metadata.broker_endpoints.get(broker_id, ())
+        for e in endpoints:
+            if e.upper().startswith("FLIGHT://"):
+                scheme = "grpc+tls" if self.flight_server is not None and self.flight_server.tls else "grpc+tcp"
+                return f"{scheme}://{e[len('FLIGHT://'):]}"
+        return None
+
+    def _partition_offsets(self, topic: str, partitions: list[tuple[int, int]]) -> dict:
+        """partition -> (log start, HW, leader epoch) from each partition's leader (a
+        ListOffsets(latest), answered here for our own), or the error it gave."""
+        out: dict = {}
+        by_leader: dict[int, list[int]] = {}
+        for p, leader in partitions:
+            if leader >= 0:
+                by_leader.setdefault(leader, []).append(p)
+        timeout_s = self.config.get("request.timeout.ms") / 1000.0
+        for leader, parts in by_leader.items():
+            req = pb.ListOffsetsRequest(partitions=[pb.ListOffsetsPartition(
+                topic=topic, partition=p, timestamp_ms=-1, current_leader_epoch=-1) for p in parts])
+            try:
+                resp = (self.replica_manager.list_offsets(req) if leader == self.broker_id else
+                        pbg.ReplikafkaStub(self._offset_channel(leader)).ListOffsets(req, timeout=timeout_s))
+            except grpc.RpcError as exc:
+                for p in parts:
+                    out[p] = from_rpc_error(exc, f"broker {leader}")
+                continue
+            for r in resp.partitions:
+                err = from_pb(r.error)
+                out[r.partition] = err if err is not None else (r.log_start_offset, r.high_watermark,
+                                                                r.leader_epoch)
+        return out
+
+    def _offset_channel(self, broker_id: int) -> grpc.Channel:
+        ch = self._offset_channels.get(broker_id)
+        if ch is None:
+            host, port = self.metadata.brokers.get(broker_id, ("", 0))
+            ch = self._offset_channels[broker_id] = open_channel(target_of(host, port), self.channel_credentials)
+        return ch
 
     def server_credentials(self, listener: Endpoint) -> grpc.ServerCredentials:
         """TLS credentials for an SSL / SASL_SSL listener."""
@@ -355,10 +431,14 @@ class BrokerServer:
         self.stopped.set()
         self.controller.stop()
         self.replica_manager.shutdown()
+        if self.flight_server is not None:
+            self.flight_server.shutdown()
         for server in self.grpc_servers:
             server.stop(grace=1.0).wait(5)
         if self.http is not None:
             self.http.stop()
+        for ch in self._offset_channels.values():
+            ch.close()
         for t in self.threads:
             t.join(timeout=5)
         self._checkpoint_hw()

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 from replikafka import errors as E
 from replikafka.client.connection import ConnectionPool, parse_bootstrap
+from replikafka.client.flight_reader import FlightReader, flight_keeps_identity
 from replikafka.client.metadata import ClusterMetadata, TopicInfo
 from replikafka.client.offsets import EARLIEST, LATEST, list_offsets
 from replikafka.spark.offsets_planning import PartitionBounds, TopicPartition, select_partitions
@@ -46,7 +48,8 @@ def client_for(bootstrap: str, security: tuple[tuple[str, str], ...] = ()) -> "C
 class ClusterClient:
     """Thread-safe; every method may block up to about ``REQUEST_TIMEOUT_MS``."""
 
-    def __init__(self, bootstrap: str, *, request_timeout_ms: int = REQUEST_TIMEOUT_MS, security=None):
+    def __init__(self, bootstrap: str, *, request_timeout_ms: int = REQUEST_TIMEOUT_MS, security=None,
+                 use_flight: bool = True):
         try:
             self.bootstrap = parse_bootstrap(bootstrap)
         except E.InvalidConfigError as exc:
@@ -55,6 +58,11 @@ class ClusterClient:
         self.pool = ConnectionPool(options=CHANNEL_OPTIONS, security=security)
         self.metadata = ClusterMetadata(self.pool, self.bootstrap, request_timeout_ms=request_timeout_ms,
                                         retry_backoff_ms=RETRY_BACKOFF_MS)
+        # Range reads through the leaders' Arrow Flight listeners (range_fetcher.ClusterTransport);
+        # a read's DoGet runs on flight_io so the next one overlaps the conversion of the last.
+        self.flight = FlightReader(security=self.pool.security) \
+            if use_flight and flight_keeps_identity(self.pool.security) else None
+        self.flight_io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="replikafka-flight")
 
     # ------------------------------------------------------------ topics
     def all_topics(self) -> dict[str, TopicInfo]:
@@ -117,6 +125,9 @@ class ClusterClient:
             pass  # the caller retries and reports its own deadline
 
     def close(self) -> None:
+        self.flight_io.shutdown(wait=False)
+        if self.flight is not None:
+            self.flight.close()
         self.pool.close()
 
 

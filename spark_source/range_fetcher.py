@@ -25,6 +25,11 @@ in order, each once — or it raises. In detail:
 
 The next fetch is sent as soon as an answer arrives, before its batches are
 converted and handed to Spark, so network and conversion overlap.
+
+:class:`ClusterTransport` reads through the leader's Arrow Flight listener when
+it has one (``DoGet``: the stored batches as stored, no long poll, so a wait in
+[HW, LEO) is a short pause and a new ask) and with ``Fetch`` otherwise; both
+answer in the shape of a FetchResponse, so the loop is the same.
 """
 from __future__ import annotations
 
@@ -37,7 +42,9 @@ import pyarrow.ipc as ipc
 
 from replikafka import errors as E
 from replikafka.client.connection import result_of
+from replikafka.client.flight_reader import FLIGHT_PROTOCOL
 from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol.flight_ticket import INT32_MAX, PartitionTicket
 from replikafka.protocol.rpc_errors import from_pb
 from replikafka.spark.offsets_planning import DataLossError, OffsetRange, TopicPartition
 
@@ -73,6 +80,16 @@ class ClusterTransport:
         self.client.refresh(topics)
 
     def fetch_async(self, target, request, timeout_s):
+        fp = request.partitions[0]
+        broker = self.client.metadata.leader_for(fp.topic, fp.partition)
+        flight = broker.listener(FLIGHT_PROTOCOL) if broker is not None and broker.target == target else None
+        if flight is not None and self.client.flight is not None:
+            ticket = PartitionTicket(fp.topic, fp.partition, fp.fetch_offset,
+                                     max_bytes=min(max(fp.partition_max_bytes, 1), INT32_MAX),
+                                     current_leader_epoch=fp.current_leader_epoch,
+                                     columns=tuple(request.columns) or None)
+            return _FlightCall(self.client.flight_io.submit(self.client.flight.read, flight, ticket, timeout_s),
+                               ticket)
         return _GrpcCall(self.client.pool.call_async(target, "Fetch", request, timeout_s), target)
 
     def log_start(self, tp):
@@ -88,6 +105,46 @@ class _GrpcCall:
 
     def cancel(self) -> None:
         self.future.cancel()
+
+
+class _FlightAnswer:
+    """A Flight read in the shape of one FetchResponse partition (``batches`` instead
+    of ``records``). The HW is not sent: -1, as a leader that does not know it yet."""
+
+    def __init__(self, ticket: PartitionTicket, read):
+        self.topic, self.partition = ticket.topic, ticket.partition
+        self.error = pb.Error()
+        self.high_watermark = -1
+        self.batches = read.batches
+        self.record_count = read.record_count
+        self.records_base_offset = read.first_offsets[0] if read.batches else ticket.start_offset
+        self.nbytes = read.nbytes
+
+
+class _FlightCall:
+    def __init__(self, future, ticket: PartitionTicket):
+        self.future, self.ticket = future, ticket
+
+    def result(self):
+        answer = _FlightAnswer(self.ticket, self.future.result())
+
+        class Response:
+            partitions = [answer]
+        return Response
+
+    def cancel(self) -> None:
+        self.future.cancel()
+
+
+def _answer_batches(part) -> tuple[list, int]:
+    """(batches, bytes) of one answer: Flight's as received, Fetch's decoded in place."""
+    batches = getattr(part, "batches", None)
+    if batches is not None:
+        return batches, part.nbytes
+    records = part.records if part.record_count else b""     # upb copies on every access: once
+    if not records:
+        return [], 0
+    return list(ipc.open_stream(pa.py_buffer(records))), len(records)
 
 
 @dataclass
@@ -210,8 +267,8 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
                 transport.refresh([tp[0]])
                 pause()
                 continue
-            records = part.records if part.record_count else b""     # upb copies on every access: once
-            if not records:
+            batches, nbytes = _answer_batches(part)
+            if not batches:
                 # At or above this leader's HW: committed at planning, not readable here yet.
                 stats.waits += 1
                 last = f"offset {pos} is not below the leader's high watermark {part.high_watermark} yet"
@@ -222,18 +279,17 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
                 else:
                     sleep(EMPTY_ANSWER_PAUSE_S)   # the broker already held the fetch; do not spin
                 continue
-            stats.bytes += len(records)
-            bytes_per_record = len(records) / part.record_count
+            stats.bytes += nbytes
+            bytes_per_record = nbytes / part.record_count
             base = part.records_base_offset
             if base > pos:
                 raise E.CorruptRecordError(f"{where()}: asked for offset {pos}, the broker answered from {base}")
-            reader = ipc.open_stream(pa.py_buffer(records))
             take = min(base + part.record_count, end) - pos
             next_pos = pos + take
             if next_pos < end:
                 pending = start_fetch(next_pos)
             offset = base
-            for batch in reader:
+            for batch in batches:
                 n = batch.num_rows
                 lo, hi = max(pos, offset), min(offset + n, end)
                 if hi > lo:

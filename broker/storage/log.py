@@ -88,6 +88,56 @@ class RawReadResult:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredBatch:
+    """One stored batch as `Log.read_stored` returns it: zero-copy over the segment mapping."""
+
+    base_offset: int
+    record_count: int
+    batch: pa.RecordBatch      # decoded without copying: its buffers lie inside `message`
+    message: pa.Buffer         # the stored IPC message, verbatim (metadata + body)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredReadResult:
+    """What `Log.read_stored` returns: whole stored batches, oldest first."""
+
+    batches: list              # list[StoredBatch]
+    end_offset: int            # the requested range ends here (exclusive): the last batch may go past it
+    size_bytes: int            # stored size of the batches
+    last_ref: tuple | None = None   # (segment, StoredBatchRef) of the last batch (its header, on demand)
+
+
+@dataclass(frozen=True, slots=True)
+class ClippedBatch:
+    """A batch cut to a reader's exact range by `clip_stored`."""
+
+    first_offset: int
+    batch: pa.RecordBatch
+    verbatim: StoredBatch | None   # the stored batch, when this is all of it, unprojected
+
+
+def clip_stored(stored: Sequence[StoredBatch], start: int, end: int,
+                projection: Sequence[str] | None = None) -> list[ClippedBatch]:
+    """The stored batches cut to exactly [start, end), then projected. Only the edge
+    batches are sliced; a projection selects the columns' buffers (zero-copy). A batch
+    left whole and unprojected keeps its stored message (`verbatim`) to send as is."""
+    out = []
+    for sb in stored:
+        lo = max(start - sb.base_offset, 0)
+        hi = min(end - sb.base_offset, sb.record_count)
+        if hi <= lo:
+            continue
+        batch = sb.batch
+        whole = lo == 0 and hi == sb.record_count
+        if not whole:
+            batch = batch.slice(lo, hi - lo)
+        if projection is not None:
+            batch = batch.select(list(projection))
+        out.append(ClippedBatch(sb.base_offset + lo, batch, sb if whole and projection is None else None))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class _View:
     """What a reader needs, published atomically after every mutation."""
 
@@ -519,7 +569,7 @@ class Log:
         result; start below the log start or above the log end raises
         OffsetOutOfRangeError.
         """
-        projection = self._projection(columns)
+        projection = None if columns is None else self.check_columns(columns)
         return self._on_current_view(lambda view: self._read_view(
             view, start_offset, max_bytes, max_offset_exclusive, projection))
 
@@ -542,59 +592,60 @@ class Log:
 
     def _read_view(self, view: _View, start: int, max_bytes: int, max_offset: int | None,
                    projection: list[str] | None) -> LogReadResult:
+        stored = self._read_stored_view(view, start, max_bytes, max_offset)
+        batches = [b.batch for b in clip_stored(stored.batches, start, stored.end_offset, projection)]
+        return LogReadResult(batches, start, max(stored.end_offset - start, 0), stored.size_bytes)
+
+    def read_stored(self, start_offset: int, max_bytes: int, max_offset_exclusive: int | None = None,
+                    at_least_one: bool = True) -> StoredReadResult:
+        """The stored batches holding [start_offset, max_offset_exclusive) (default: to
+        the log end), whole and verbatim: zero-copy slices of the segments' mappings.
+        The one read path: consumers' and followers' fetches and Flight all read here.
+
+        The first batch may begin below `start_offset` and the last may end past the
+        max offset (`clip_stored` cuts them for a reader wanting the exact range).
+        Stops before a batch that would take the stored size past `max_bytes`, but
+        returns at least one unless `at_least_one` is False. start == max offset gives none; start below the log
+        start or above the log end raises OffsetOutOfRangeError."""
+        return self._on_current_view(lambda view: self._read_stored_view(view, start_offset, max_bytes,
+                                                                         max_offset_exclusive, at_least_one))
+
+    def _read_stored_view(self, view: _View, start: int, max_bytes: int,
+                          max_offset: int | None, at_least_one: bool = True) -> StoredReadResult:
         self._check_range(start, view)
         end = view.log_end if max_offset is None else min(max_offset, view.log_end)
-        batches: list[pa.RecordBatch] = []
+        out: list[StoredBatch] = []
         size = 0
         offset = start
+        last = None
         for seg in self._segments_from(view, start):
             if offset >= end:
                 break
             for ref in seg.batches_from(offset, end):
-                if batches and size + ref.size > max_bytes:
-                    return LogReadResult(batches, start, offset - start, size)
-                batch = ref.batch
-                lo = offset - ref.base_offset
-                hi = min(end - ref.base_offset, ref.record_count)
-                if lo or hi < ref.record_count:
-                    batch = batch.slice(lo, hi - lo)
-                if projection is not None:
-                    batch = batch.select(projection)
-                batches.append(batch)
+                if (out or not at_least_one) and size + ref.size > max_bytes:
+                    return StoredReadResult(out, min(offset, end) if out else start, size, last)
+                out.append(StoredBatch(ref.base_offset, ref.record_count, ref.batch, seg.message(ref)))
                 size += ref.size
-                offset = ref.base_offset + hi
-        return LogReadResult(batches, start, offset - start, size)
+                offset = ref.base_offset + ref.record_count
+                last = (seg, ref)
+        return StoredReadResult(out, min(offset, end) if out else start, size, last)
 
     def read_raw(self, start_offset: int, max_bytes: int) -> RawReadResult:
         """Whole stored batch messages from the one containing `start_offset`, as an
         IPC stream (schema message first) for replica fetch; at least one batch.
         At the log end: data b"" and record_count 0."""
-        return self._on_current_view(lambda view: self._read_raw_view(view, start_offset, max_bytes))
+        stored = self.read_stored(start_offset, max_bytes)
+        if not stored.batches:
+            return RawReadResult(b"", start_offset, 0, -1)
+        seg, ref = stored.last_ref
+        return RawReadResult(b"".join([self._schema_msg, *(b.message for b in stored.batches)]),
+                             stored.batches[0].base_offset, sum(b.record_count for b in stored.batches),
+                             seg.read_header(ref).leader_epoch)
 
-    def _read_raw_view(self, view: _View, start: int, max_bytes: int) -> RawReadResult:
-        self._check_range(start, view)
-        parts: list = [self._schema_msg]
-        size = count = 0
-        first = start
-        last = None
-        for seg in self._segments_from(view, start):
-            for ref in seg.batches_from(start, view.log_end):
-                if last is not None and size + ref.size > max_bytes:
-                    return self._raw_result(parts, first, count, last)
-                if last is None:
-                    first = ref.base_offset
-                parts.append(seg.message(ref))
-                size += ref.size
-                count += ref.record_count
-                last = (seg, ref)
-        return self._raw_result(parts, first, count, last)
-
-    @staticmethod
-    def _raw_result(parts: list, first: int, count: int, last) -> RawReadResult:
-        if last is None:
-            return RawReadResult(b"", first, 0, -1)
-        seg, ref = last
-        return RawReadResult(b"".join(parts), first, count, seg.read_header(ref).leader_epoch)
+    @property
+    def schema_message(self) -> bytes:
+        """The IPC schema message every segment (and a raw read) starts with."""
+        return self._schema_msg
 
     def _segments_from(self, view: _View, offset: int) -> Sequence[LogSegment]:
         i = max(0, bisect.bisect_right(view.bases, offset) - 1)
@@ -605,9 +656,8 @@ class Log:
             raise OffsetOutOfRangeError(f"offset {offset} is outside the log's range "
                                         f"[{view.log_start}, {view.log_end}] of {self._dir}")
 
-    def _projection(self, columns: list[str] | None) -> list[str] | None:
-        if columns is None:
-            return None
+    def check_columns(self, columns) -> list[str]:
+        """`columns` as a list, or InvalidRequestError naming the ones the log lacks."""
         unknown = [c for c in columns if self._schema.get_field_index(c) < 0]
         if unknown:
             raise InvalidRequestError(f"unknown column(s) {unknown}; the log has {self._schema.names}")

@@ -66,7 +66,9 @@ class LocalCluster:
         self.ports: dict[int, int] = {}          # broker -> port of its first listener (bootstrap)
         # A SecureSetup (replikafka.security.local_setup): SSL + SASL_SSL listeners, ACLs, ZooKeeper ACLs.
         self.security = security
-        self.protocols = protocols or (("SSL", "SASL_SSL") if security is not None else ("PLAINTEXT",))
+        # Every broker also serves Arrow Flight; FLIGHT last: the first protocol's ports are the bootstrap.
+        self.protocols = tuple(p for p in (protocols or (("SSL", "SASL_SSL") if security is not None
+                                                         else ("PLAINTEXT",))) if p != "FLIGHT") + ("FLIGHT",)
         self.listener_ports: dict[int, dict[str, int]] = {}
         self.metrics_ports: dict[int, int] = {}   # each broker's metrics.listener (HTTP) port
         self.procs: dict[int, subprocess.Popen] = {}

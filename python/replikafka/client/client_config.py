@@ -84,6 +84,7 @@ CONSUMER_KEYS: dict[str, tuple[str, Converter]] = {
     "fetch.min.bytes": ("fetch_min_bytes", _int),
     "auto.offset.reset": ("auto_offset_reset", _same),
     "columns": ("columns", _same),
+    "fetch.use.flight": ("use_flight", _bool),
 }
 ADMIN_KEYS: dict[str, tuple[str, Converter]] = dict(_COMMON)
 

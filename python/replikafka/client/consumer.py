@@ -1,9 +1,16 @@
 """The consumer: reads committed records of assigned partitions as Arrow tables.
 
+Reading: by default each :meth:`Consumer.poll` reads every assigned partition
+from its leader's Arrow Flight listener (one ``DoGet`` per partition, the stored
+batches as stored, at most ``max_partition_fetch_bytes`` each and
+``fetch_max_bytes`` in all: what the consumer holds at once). When that brings
+nothing (every position at its high watermark), it long-polls with one ``Fetch``
+RPC per leader broker (``fetch_max_wait_ms``), so new records arrive without
+delay. Leaders without a Flight listener are read with ``Fetch`` throughout.
+
 Threading: a :class:`Consumer` is meant for one thread at a time (like
-Kafka's). Each :meth:`Consumer.poll` sends one ``Fetch`` RPC per leader broker
-and waits for all of them; with several leaders the calls run concurrently on
-a small pool of I/O threads owned by the consumer.
+Kafka's); concurrent reads (several leaders or partitions) run on a small pool
+of I/O threads owned by the consumer.
 """
 from __future__ import annotations
 
@@ -17,9 +24,11 @@ import pyarrow as pa
 from replikafka import errors as E
 from replikafka.client.client_config import CONSUMER_KEYS, accepts_config_dict
 from replikafka.client.connection import ConnectionPool, annotated, parse_bootstrap
+from replikafka.client.flight_reader import FLIGHT_PROTOCOL, FlightRead, FlightReader
 from replikafka.client.metadata import ClusterMetadata
 from replikafka.client.offsets import EARLIEST, LATEST, TopicPartition, ensure_partitions, group_by_leader, list_offsets
 from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol.flight_ticket import PartitionTicket
 from replikafka.protocol.rpc_errors import from_pb
 from replikafka.records import RESERVED_NAMES, TIMESTAMP_TYPE, decode_stream
 
@@ -72,6 +81,24 @@ def records_to_table(records: bytes, records_base_offset: int, fetch_offset: int
     if rows <= 0:
         return None, fetch_offset
     table = pa.Table.from_batches(batches, stream_schema).slice(first - records_base_offset, rows)
+    return _output_table(table, first, topic, partition, schema), end
+
+
+def flight_read_to_table(read: FlightRead, topic: str, partition: int, schema: pa.Schema
+                         ) -> tuple[pa.Table | None, int | None]:
+    """Rows of ``schema`` from one Flight read (exactly the asked range: nothing to
+    drop); returns ``(table or None, next offset)``."""
+    if not read.batches:
+        return None, None
+    table = pa.Table.from_batches(read.batches)
+    return _output_table(table, read.first_offsets[0], topic, partition, schema), read.end_offset
+
+
+def _output_table(table: pa.Table, first: int, topic: str, partition: int, schema: pa.Schema) -> pa.Table:
+    """``table`` (rows from offset ``first`` on) with the columns of ``schema``:
+    topic, partition and offset added with numpy, no per-row objects."""
+    rows = table.num_rows
+    end = first + rows
     arrays = []
     for f in schema:
         if f.name == "topic":
@@ -85,7 +112,7 @@ def records_to_table(records: bytes, records_base_offset: int, fetch_offset: int
             arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
         else:
             arrays.append(pa.nulls(rows, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema), end
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 class Consumer:
@@ -98,6 +125,8 @@ class Consumer:
     where a partition without a position, or whose position is out of range,
     starts: ``"earliest"``, ``"latest"`` or ``"none"`` (raise).
     ``security``: librdkafka's keys (``security.protocol``, ``ssl.*``, ``sasl.*``).
+    ``use_flight`` (``fetch.use.flight``): read through the brokers' Arrow Flight
+    listeners (module doc); False reads with ``Fetch`` only.
     """
 
     @accepts_config_dict("Consumer", CONSUMER_KEYS)
@@ -105,7 +134,7 @@ class Consumer:
                  fetch_max_bytes: int = 52_428_800, max_partition_fetch_bytes: int = 4 * 1024 * 1024,
                  fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1, auto_offset_reset: str = "earliest",
                  request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100,
-                 security: Any = None):
+                 security: Any = None, use_flight: bool = True):
         if auto_offset_reset not in _RESET_POLICIES:
             raise E.InvalidConfigError(
                 f"auto_offset_reset must be one of {', '.join(_RESET_POLICIES)}, got {auto_offset_reset!r}")
@@ -124,6 +153,7 @@ class Consumer:
         self._request_timeout_ms = request_timeout_ms
         self._backoff_ms = retry_backoff_ms
         self._pool = ConnectionPool(security=security)
+        self._flight = FlightReader(security=security) if use_flight else None
         self._metadata = ClusterMetadata(self._pool, parse_bootstrap(bootstrap_servers),
                                          request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms)
         self._positions: dict[TopicPartition, int | None] = {}
@@ -227,7 +257,9 @@ class Consumer:
         while True:
             self._resolve_positions(max(deadline, time.monotonic() + self._request_timeout_ms / 1000))
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            tables, trouble = self._fetch_round(max(min(self._max_wait_ms, remaining_ms), 0))
+            tables, trouble = self._flight_round() if self._flight is not None else ([], False)
+            if not tables and not trouble:   # all at their HW (or no Flight): long-poll with Fetch
+                tables, trouble = self._fetch_round(max(min(self._max_wait_ms, remaining_ms), 0))
             if tables:
                 return self._combine(tables)
             remaining = deadline - time.monotonic()
@@ -240,6 +272,8 @@ class Consumer:
         self._closed = True
         if self._io is not None:
             self._io.shutdown(wait=False)
+        if self._flight is not None:
+            self._flight.close()
         self._pool.close()
 
     def __enter__(self) -> "Consumer":
@@ -284,6 +318,77 @@ class Consumer:
         for tp, r in list_offsets(self._metadata, self._pool, {tp: which for tp in missing},
                                   timeout_ms=timeout_ms, retry_backoff_ms=self._backoff_ms).items():
             self._positions[tp] = r.offset
+
+    def _flight_columns(self, topic: str) -> tuple[str, ...] | None:
+        if self._columns is None:
+            return None
+        return tuple(dict.fromkeys([c for c in self._columns if c not in RESERVED_NAMES] + ["timestamp"]))
+
+    def _flight_round(self) -> tuple[list[pa.Table], bool]:
+        """One DoGet per partition whose leader serves Flight, concurrently, each for at
+        most ``max_partition_fetch_bytes`` (and ``fetch_max_bytes`` over all). Returns
+        the tables and whether something needs a retry (metadata refreshed if so)."""
+        version = self._metadata.version
+        calls = []
+        budget = self._fetch_max_bytes
+        for tp, pos in self._positions.items():
+            if pos is None or budget <= 0:
+                continue
+            info = self._metadata.partition(*tp)
+            broker = self._metadata.leader_for(*tp)
+            address = broker.listener(FLIGHT_PROTOCOL) if broker is not None else None
+            if info is None or address is None:
+                continue
+            want = min(self._partition_max_bytes, budget)
+            budget -= want
+            calls.append((tp, pos, address, PartitionTicket(tp[0], tp[1], pos, max_bytes=want,
+                                                            current_leader_epoch=info.leader_epoch,
+                                                            columns=self._flight_columns(tp[0]))))
+        if not calls:
+            return [], False
+        timeout_s = self._request_timeout_ms / 1000
+
+        def one(call):
+            try:
+                return self._flight.read(call[2], call[3], timeout_s)
+            except E.ReplikafkaError as exc:
+                return exc
+        if len(calls) == 1:
+            results = [one(calls[0])]
+        else:
+            if self._io is None:
+                self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="replikafka-consumer-io")
+            results = list(self._io.map(one, calls))
+        tables: list[pa.Table] = []
+        trouble = False
+        for (tp, pos, _, _), got in zip(calls, results):
+            if self._positions.get(tp) != pos:
+                continue
+            if isinstance(got, E.OffsetOutOfRangeError):
+                if self._reset == "none":
+                    raise annotated(got, f"{tp[0]}-{tp[1]} offset {pos}")
+                self._positions[tp] = None
+            elif isinstance(got, E.ReplikafkaError):
+                if not got.retriable:
+                    raise annotated(got, f"read {tp[0]}-{tp[1]}")
+                trouble = True
+            else:
+                table, nxt = flight_read_to_table(got, tp[0], tp[1], self._schemas[tp[0]])
+                if table is not None:
+                    tables.append(table)
+                    self._positions[tp] = nxt
+                    self._highwater[tp] = max(self._highwater.get(tp, -1), nxt)
+        if trouble:
+            self._refresh_after_trouble(version)
+        return tables, trouble
+
+    def _refresh_after_trouble(self, version: int) -> None:
+        try:
+            self._metadata.refresh({t for t, _ in self._positions}, if_version=version,
+                                   timeout_ms=self._request_timeout_ms)
+        except E.BrokerNotAvailableError:
+            pass
+        self._check_topics_exist()
 
     def _fetch_round(self, max_wait_ms: int) -> tuple[list[pa.Table], bool]:
         """One Fetch per leader, concurrently. Returns the tables read and
@@ -334,12 +439,7 @@ class Consumer:
                 else:
                     raise annotated(perr, f"fetch {tp[0]}-{tp[1]}")
         if trouble:
-            try:
-                self._metadata.refresh({t for t, _ in self._positions}, if_version=version,
-                                       timeout_ms=self._request_timeout_ms)
-            except E.BrokerNotAvailableError:
-                pass
-            self._check_topics_exist()
+            self._refresh_after_trouble(version)
         return tables, trouble
 
     def _call_all(self, calls: list[tuple[str, pb.FetchRequest]], timeout_s: float) -> list[tuple[str, Any]]:

@@ -76,3 +76,32 @@ def from_rpc_error(exc: grpc.RpcError, target: str = "") -> E.ReplikafkaError:
     if code == grpc.StatusCode.CANCELLED:
         return E.BrokerNotAvailableError(f"request cancelled{where}: {details}")
     return E.ReplikafkaError(f"{code.name if code else 'RPC'}{where}: {details}")
+
+
+# ---- Arrow Flight ------------------------------------------------------------------
+# A Flight call fails with a FlightError whose ``extra_info`` is our error code and
+# whose message starts "<CODE>: ", so any Flight client shows what went wrong and
+# ours maps it back into the error tree (retriable flag kept).
+def to_flight_error(exc: E.ReplikafkaError) -> Exception:
+    import pyarrow.flight as fl
+    cls = fl.FlightUnavailableError if exc.retriable else fl.FlightServerError
+    return cls(f"{exc.code}: {exc.message}", exc.code.encode())
+
+
+def from_flight_error(exc: Exception, target: str = "") -> E.ReplikafkaError:
+    """A failed Flight call (client side) as an error of the tree."""
+    import pyarrow.flight as fl
+    extra = getattr(exc, "extra_info", None) or b""
+    code = extra.decode("ascii", "replace") if isinstance(extra, bytes) else ""
+    text = str(exc)
+    if code and code.isupper():
+        head = f"{code}: "
+        at = text.find(head)
+        message = text[at + len(head):] if at >= 0 else text
+        return E.error_for_code(code, message.split(". Detail:")[0].strip())
+    where = f" ({target})" if target else ""
+    if isinstance(exc, (fl.FlightUnavailableError, fl.FlightCancelledError)):
+        return E.BrokerNotAvailableError(f"flight server unavailable{where}: {text}")
+    if isinstance(exc, fl.FlightTimedOutError):
+        return E.RequestTimedOutError(f"flight request timed out{where}")
+    return E.ReplikafkaError(f"flight call failed{where}: {text}")

@@ -1,0 +1,217 @@
+"""Arrow Flight on the broker: partitions read as the stored record batches.
+
+- ``DoGet(ticket)`` (ticket: :mod:`replikafka.protocol.flight_ticket`) streams a
+  partition's committed records with Fetch's semantics: only below the HW (a start
+  in [HW, LEO] gives an empty stream), KIP-320 epoch fencing, errors as Flight
+  errors carrying our error code. Every batch is a stored batch decoded in place
+  from the segment mapping (its buffers are the mapped bytes; gRPC sends them
+  without a copy), cut only where the ticket's range starts or ends mid-batch,
+  projected by selecting the requested columns' buffers. Each batch's
+  ``app_metadata`` is ``{"first_offset": N}``: the reader numbers rows from it.
+- ``GetFlightInfo(path=[topic])``: one endpoint per partition, at its leader's
+  Flight listener, with a ticket for [log start, HW) in the leader's epoch.
+- ``ListFlights``: one FlightInfo per topic (no endpoints: ask GetFlightInfo).
+- ``GetSchema(path=[topic])``: the topic's schema.
+
+Memory: each stream holds one batch at a time, and all streams together hold at
+most ``flight.max.bytes.in.flight`` (:class:`InFlightBudget`): a stream waits
+for room before it hands gRPC its next batch.
+
+Thread-safety: Flight calls run on gRPC's threads; the server keeps no per-call
+state outside the call's generator. The budget is a condition variable.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from replikafka import errors as E
+from replikafka import records as R
+from replikafka.broker.flight_security import allowed, require
+from replikafka.broker.storage.log import clip_stored
+from replikafka.protocol import flight_ticket
+from replikafka.protocol.rpc_errors import to_flight_error
+
+log = logging.getLogger("replikafka.flight")
+#: Stored bytes read from the log per step of a stream (each step re-checks leadership and the HW).
+READ_STEP_BYTES = 8 << 20
+INT64_MAX = 2**63 - 1
+
+
+class InFlightBudget:
+    """At most ``max_bytes`` of batches handed to streams and not yet written.
+    A batch larger than the whole budget goes when nothing else is in flight (as a
+    fetch always returns its first batch). Thread-safe."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.in_flight = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, nbytes: int, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.in_flight and self.in_flight + nbytes > self.max_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise E.RequestTimedOutError(
+                        f"flight: no room for a {nbytes}-byte batch in {timeout_s:.1f}s "
+                        f"(flight.max.bytes.in.flight={self.max_bytes}, {self.in_flight} in flight)")
+                self._cond.wait(left)
+            self.in_flight += nbytes
+            self.peak = max(self.peak, self.in_flight)
+            return nbytes
+
+    def release(self, nbytes: int) -> None:
+        if nbytes:
+            with self._cond:
+                self.in_flight -= nbytes
+                self._cond.notify_all()
+
+
+def batch_metadata(first_offset: int) -> bytes:
+    return b'{"first_offset":%d}' % first_offset
+
+
+def stream_ticket(ticket: flight_ticket.PartitionTicket, read, step_bytes: int = READ_STEP_BYTES
+                  ) -> Iterator[tuple[pa.RecordBatch, int, int]]:
+    """(batch, first offset, stored bytes) of the ticket's range, read in steps of
+    ``step_bytes`` through ``read(offset, max_bytes, end, at_least_one)`` -> the
+    partition's StoredReadResult below the HW (or None at the HW). Stops at the
+    end offset, at the HW, or before the batch that would pass the byte budget."""
+    offset = ticket.start_offset
+    end = ticket.end_offset if ticket.end_offset >= 0 else INT64_MAX
+    left = ticket.max_bytes or INT64_MAX
+    first = True
+    while offset < end and left > 0:
+        stored = read(offset, min(step_bytes, left), end, first)
+        if stored is None or not stored.batches:
+            return
+        first = False
+        for c in clip_stored(stored.batches, offset, stored.end_offset, ticket.columns):
+            size = c.verbatim.message.size if c.verbatim is not None else c.batch.nbytes
+            yield c.batch, c.first_offset, size
+        left -= stored.size_bytes
+        offset = stored.end_offset
+
+
+class BrokerFlightServer(fl.FlightServerBase):
+    """The broker's Flight service (module doc). ``location`` is ``grpc://host:port``
+    (``grpc+tls://`` with ``tls_certificates``); ``middleware`` is a dict of
+    ``pyarrow.flight.ServerMiddlewareFactory`` (authorization, metrics)."""
+
+    def __init__(self, location: str, replica_manager, metadata, *, max_bytes_in_flight: int,
+                 wait_timeout_s: float, flight_location_of: Callable[[int], str | None],
+                 partition_offsets: Callable[[str, list[tuple[int, int]]], dict], security=None,
+                 tls_certificates=None, verify_client: bool = False, root_certificates=None,
+                 middleware: dict | None = None):
+        super().__init__(location, tls_certificates=tls_certificates or [], verify_client=verify_client,
+                         root_certificates=root_certificates, middleware=middleware)
+        self.tls = bool(tls_certificates)
+        self.security = security     # ACLs: broker/flight_security.require / allowed
+        self.replica_manager = replica_manager
+        self.metadata = metadata
+        self.budget = InFlightBudget(max_bytes_in_flight)
+        self.wait_timeout_s = wait_timeout_s
+        self.flight_location_of = flight_location_of
+        self.partition_offsets = partition_offsets
+
+    # ------------------------------------------------------------ DoGet
+    def do_get(self, context, ticket):
+        try:
+            t = flight_ticket.decode(ticket)
+            require(context, self.security, "Read", t.topic)
+            part = self.replica_manager.flight_partition(t.topic, t.partition)
+            schema = part.log.schema
+            if t.columns is not None:
+                part.log.check_columns(t.columns)
+                schema = pa.schema([schema.field(c) for c in t.columns])
+
+            def read(offset, max_bytes, end, at_least_one):
+                return part.read_committed(offset, max_bytes, t.current_leader_epoch, end, at_least_one)[0]
+            batches = stream_ticket(t, read)
+            head = next(batches, None)    # the first read's errors fail the call itself
+        except E.ReplikafkaError as exc:
+            raise to_flight_error(exc) from None
+        return fl.GeneratorStream(schema, self._send(head, batches))
+
+    def _send(self, head, batches: Iterator) -> Iterator:
+        held = 0
+        try:
+            item = head
+            while item is not None:
+                batch, first_offset, size = item
+                self.budget.release(held)
+                held = 0
+                held = self.budget.acquire(size, self.wait_timeout_s)
+                yield batch, pa.py_buffer(batch_metadata(first_offset))
+                item = next(batches, None)
+        except E.ReplikafkaError as exc:   # e.g. leadership lost mid-stream: the reader resumes elsewhere
+            raise to_flight_error(exc) from None
+        finally:
+            self.budget.release(held)
+
+    # ------------------------------------------------------------ discovery
+    def _topic_of(self, descriptor) -> tuple[str, object]:
+        if descriptor.descriptor_type != fl.DescriptorType.PATH or len(descriptor.path) != 1:
+            raise to_flight_error(E.InvalidRequestError(
+                "flight descriptor: expected a path of one element, the topic name"))
+        topic = descriptor.path[0].decode("utf-8", "replace")
+        entry = self.metadata.topic(topic)
+        if entry is None:
+            raise to_flight_error(E.UnknownTopicOrPartitionError(f"topic {topic!r} does not exist"))
+        return topic, entry
+
+    def get_schema(self, context, descriptor):
+        topic, entry = self._topic_of(descriptor)
+        require(context, self.security, "Describe", topic)
+        return fl.SchemaResult(R.schema_from_bytes(entry.schema))
+
+    def get_flight_info(self, context, descriptor):
+        topic, entry = self._topic_of(descriptor)
+        require(context, self.security, "Describe", topic)
+        states = sorted(entry.partitions.items())
+        try:
+            offsets = self.partition_offsets(topic, [(p, s.leader) for p, s in states])
+        except E.ReplikafkaError as exc:
+            raise to_flight_error(exc) from None
+        endpoints = []
+        records = 0
+        for p, s in states:
+            got = offsets.get(p)
+            if isinstance(got, E.ReplikafkaError):
+                raise to_flight_error(E.error_for_code(got.code, f"{topic}-{p}: {got.message}"))
+            where = self.flight_location_of(s.leader) if s.leader >= 0 else None
+            if got is None or where is None:
+                raise to_flight_error(E.LeaderNotAvailableError(f"{topic}-{p} has no live leader with a "
+                                                                f"Flight listener"))
+            log_start, hw, epoch = got
+            ticket = flight_ticket.PartitionTicket(topic, p, log_start, hw, current_leader_epoch=epoch)
+            endpoints.append(fl.FlightEndpoint(ticket.encode(), [where]))
+            records += hw - log_start
+        schema = R.schema_from_bytes(entry.schema)
+        return fl.FlightInfo(schema, fl.FlightDescriptor.for_path(topic), endpoints, records, -1)
+
+    def list_flights(self, context, criteria):
+        for topic in self.metadata.topic_names():
+            entry = self.metadata.topic(topic)
+            if entry is not None and allowed(context, self.security, "Describe", topic):
+                yield fl.FlightInfo(R.schema_from_bytes(entry.schema), fl.FlightDescriptor.for_path(topic),
+                                    [], -1, -1)
+
+    def do_action(self, context, action):
+        if action.type == "in-flight-bytes":   # the budget's state, for operators and the memory-bound test
+            yield json.dumps({"in_flight": self.budget.in_flight, "peak": self.budget.peak,
+                              "max": self.budget.max_bytes}).encode()
+            return
+        raise to_flight_error(E.InvalidRequestError(f"unknown flight action {action.type!r}"))
+
+    def list_actions(self, context):
+        return [("in-flight-bytes", "bytes of batches held by streams now, the peak, and the limit (JSON)")]

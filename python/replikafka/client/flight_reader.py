@@ -1,0 +1,123 @@
+"""Client side of the brokers' Arrow Flight reads (``DoGet`` of one partition range).
+
+:class:`FlightReader` keeps one ``pyarrow.flight`` client per broker Flight
+listener and reads a ticket into :class:`FlightRead`: the batches as they
+arrived (zero-copy views of the received messages), each with its first offset
+(from the batch's ``app_metadata``), so offsets are ``first + row`` without a
+per-record loop. A failed call raises an error of the one error tree
+(:func:`~replikafka.protocol.rpc_errors.from_flight_error`), retriable flag kept.
+
+Memory: one read holds at most the ticket's ``max_bytes`` of stored batches (plus
+the first batch when it alone is larger): callers bound what they hold by the
+budget they put in the ticket.
+
+Thread-safe: clients are created under a lock; a pyarrow Flight client may be
+used from several threads at once.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from replikafka import errors as E
+from replikafka.protocol.flight_ticket import PartitionTicket
+from replikafka.protocol.rpc_errors import from_flight_error
+
+FLIGHT_PROTOCOL = "FLIGHT"
+
+
+@dataclass
+class FlightRead:
+    """What one DoGet returned: batches in offset order, their first offsets."""
+
+    batches: list            # list[pa.RecordBatch]
+    first_offsets: list      # list[int]
+    nbytes: int
+
+    @property
+    def record_count(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+    @property
+    def end_offset(self) -> int | None:
+        if not self.batches:
+            return None
+        return self.first_offsets[-1] + self.batches[-1].num_rows
+
+    def offsets(self) -> np.ndarray:
+        """The offset of every row, built with numpy (no per-record loop)."""
+        if not self.batches:
+            return np.empty(0, dtype=np.int64)
+        first = self.first_offsets[0]
+        return np.arange(first, first + self.record_count, dtype=np.int64)
+
+
+def _first_offset(meta) -> int:
+    # b'{"first_offset":N}' (broker/flight_server.batch_metadata): parsed without json for speed.
+    text = meta.to_pybytes() if meta is not None else b""
+    head = b'{"first_offset":'
+    if not text.startswith(head) or not text.endswith(b"}"):
+        raise E.CorruptRecordError(f"flight batch without its first offset (app_metadata {text[:60]!r})")
+    return int(text[len(head):-1])
+
+
+class FlightReader:
+    def __init__(self, security=None):
+        """``security``: a :class:`~replikafka.security.tls.ClientSecurity` (TLS roots, client
+        certificate, SASL credentials as a header), None for plaintext."""
+        opts = dict(security.flight_client_options()) if security is not None else {}
+        self._scheme = opts.pop("scheme", "grpc+tcp")
+        self._client_options = opts
+        self._headers = security.flight_headers() if security is not None else []
+        self._clients: dict[str, fl.FlightClient] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, address: str) -> fl.FlightClient:
+        with self._lock:
+            c = self._clients.get(address)
+            if c is None:
+                c = self._clients[address] = fl.FlightClient(f"{self._scheme}://{address}", **self._client_options)
+            return c
+
+    def read(self, address: str, ticket: PartitionTicket, timeout_s: float) -> FlightRead:
+        """DoGet ``ticket`` at the Flight listener ``address`` ("host:port")."""
+        options = fl.FlightCallOptions(timeout=timeout_s, headers=self._headers)
+        batches, firsts = [], []
+        nbytes = 0
+        expect = None
+        try:
+            reader = self._client(address).do_get(fl.Ticket(ticket.encode()), options)
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                batch = chunk.data
+                if batch is None or batch.num_rows == 0:
+                    continue
+                first = _first_offset(chunk.app_metadata)
+                if expect is not None and first != expect:
+                    raise E.CorruptRecordError(f"{ticket.topic}-{ticket.partition}: flight batch starts at "
+                                               f"{first}, expected {expect}")
+                expect = first + batch.num_rows
+                batches.append(batch)
+                firsts.append(first)
+                nbytes += batch.nbytes
+        except fl.FlightError as exc:
+            raise from_flight_error(exc, address) from None
+        except pa.ArrowException as exc:
+            raise E.BrokerNotAvailableError(f"flight read from {address} failed: {exc}") from None
+        return FlightRead(batches, firsts, nbytes)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            try:
+                c.close()
+            except Exception:
+                pass
