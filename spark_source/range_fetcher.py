@@ -83,7 +83,7 @@ class ClusterTransport:
         fp = request.partitions[0]
         broker = self.client.metadata.leader_for(fp.topic, fp.partition)
         flight = broker.listener(FLIGHT_PROTOCOL) if broker is not None and broker.target == target else None
-        if flight is not None and self.client.flight is not None:
+        if flight is not None and self.client.flight is not None and self.client.flight.available(flight):
             ticket = PartitionTicket(fp.topic, fp.partition, fp.fetch_offset,
                                      max_bytes=min(max(fp.partition_max_bytes, 1), INT32_MAX),
                                      current_leader_epoch=fp.current_leader_epoch,

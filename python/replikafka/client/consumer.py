@@ -24,7 +24,7 @@ import pyarrow as pa
 from replikafka import errors as E
 from replikafka.client.client_config import CONSUMER_KEYS, accepts_config_dict
 from replikafka.client.connection import ConnectionPool, annotated, parse_bootstrap
-from replikafka.client.flight_reader import FLIGHT_PROTOCOL, FlightRead, FlightReader
+from replikafka.client.flight_reader import FLIGHT_PROTOCOL, FlightRead, FlightReader, flight_keeps_identity
 from replikafka.client.metadata import ClusterMetadata
 from replikafka.client.offsets import EARLIEST, LATEST, TopicPartition, ensure_partitions, group_by_leader, list_offsets
 from replikafka.protocol import replikafka_pb2 as pb
@@ -153,7 +153,8 @@ class Consumer:
         self._request_timeout_ms = request_timeout_ms
         self._backoff_ms = retry_backoff_ms
         self._pool = ConnectionPool(security=security)
-        self._flight = FlightReader(security=security) if use_flight else None
+        self._flight = FlightReader(security=self._pool.security) \
+            if use_flight and flight_keeps_identity(self._pool.security) else None
         self._metadata = ClusterMetadata(self._pool, parse_bootstrap(bootstrap_servers),
                                          request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms)
         self._positions: dict[TopicPartition, int | None] = {}
@@ -337,7 +338,7 @@ class Consumer:
             info = self._metadata.partition(*tp)
             broker = self._metadata.leader_for(*tp)
             address = broker.listener(FLIGHT_PROTOCOL) if broker is not None else None
-            if info is None or address is None:
+            if info is None or address is None or not self._flight.available(address):
                 continue
             want = min(self._partition_max_bytes, budget)
             budget -= want
@@ -368,6 +369,8 @@ class Consumer:
                 if self._reset == "none":
                     raise annotated(got, f"{tp[0]}-{tp[1]} offset {pos}")
                 self._positions[tp] = None
+            elif isinstance(got, E.BrokerNotAvailableError):
+                pass    # its Flight listener is unreachable: the Fetch round reads it
             elif isinstance(got, E.ReplikafkaError):
                 if not got.retriable:
                     raise annotated(got, f"read {tp[0]}-{tp[1]}")

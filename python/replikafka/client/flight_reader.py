@@ -17,6 +17,7 @@ used from several threads at once.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,9 @@ from replikafka.protocol.flight_ticket import PartitionTicket
 from replikafka.protocol.rpc_errors import from_flight_error
 
 FLIGHT_PROTOCOL = "FLIGHT"
+#: After a Flight listener cannot be reached (connection, TLS handshake), read that
+#: broker with Fetch for this long before trying Flight again.
+UNREACHABLE_PAUSE_S = 30.0
 
 
 @dataclass
@@ -65,6 +69,13 @@ def _first_offset(meta) -> int:
     return int(text[len(head):-1])
 
 
+def flight_keeps_identity(security) -> bool:
+    """Whether Flight calls carry this client's identity: plaintext (anonymous either
+    way) and SASL_SSL (credentials in a header) do; SSL does not (pyarrow's Flight
+    server cannot see the client certificate), so an SSL client reads with Fetch."""
+    return security is None or security.protocol != "SSL"
+
+
 class FlightReader:
     def __init__(self, security=None):
         """``security``: a :class:`~replikafka.security.tls.ClientSecurity` (TLS roots, client
@@ -74,7 +85,13 @@ class FlightReader:
         self._client_options = opts
         self._headers = security.flight_headers() if security is not None else []
         self._clients: dict[str, fl.FlightClient] = {}
+        self._unreachable: dict[str, float] = {}    # address -> monotonic time to try it again
         self._lock = threading.Lock()
+
+    def available(self, address: str) -> bool:
+        """False for a while after ``address`` could not be reached: read that broker with Fetch."""
+        until = self._unreachable.get(address)
+        return until is None or time.monotonic() >= until
 
     def _client(self, address: str) -> fl.FlightClient:
         with self._lock:
@@ -108,10 +125,14 @@ class FlightReader:
                 firsts.append(first)
                 nbytes += batch.nbytes
         except fl.FlightError as exc:
-            raise from_flight_error(exc, address) from None
+            err = from_flight_error(exc, address)
         except pa.ArrowException as exc:
-            raise E.BrokerNotAvailableError(f"flight read from {address} failed: {exc}") from None
-        return FlightRead(batches, firsts, nbytes)
+            err = E.BrokerNotAvailableError(f"flight read from {address} failed: {exc}")
+        else:
+            return FlightRead(batches, firsts, nbytes)
+        if isinstance(err, E.BrokerNotAvailableError):
+            self._unreachable[address] = time.monotonic() + UNREACHABLE_PAUSE_S
+        raise err
 
     def close(self) -> None:
         with self._lock:

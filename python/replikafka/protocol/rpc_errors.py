@@ -99,6 +99,9 @@ def from_flight_error(exc: Exception, target: str = "") -> E.ReplikafkaError:
         at = text.find(head)
         message = text[at + len(head):] if at >= 0 else text
         return E.error_for_code(code, message.split(". Detail:")[0].strip())
+    head, sep, rest = text.partition(": ")
+    if sep and head.isupper() and "_" in head:     # a refusal without extra_info (e.g. authorization)
+        return E.error_for_code(head, rest.split(". Detail:")[0].strip())
     where = f" ({target})" if target else ""
     if isinstance(exc, (fl.FlightUnavailableError, fl.FlightCancelledError)):
         return E.BrokerNotAvailableError(f"flight server unavailable{where}: {text}")
