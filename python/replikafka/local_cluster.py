@@ -99,8 +99,10 @@ class LocalCluster:
             finally:
                 zk.stop()
                 zk.close()
-        ports = iter(_free_ports(len(self.ids) * (len(self.protocols) + 1)))
-        self.listener_ports = {b: {proto: next(ports) for proto in self.protocols} for b in self.ids}
+        ports = iter(_free_ports(len(self.ids) * len(self.protocols)))
+        # FLIGHT binds port 0 (any free port; brokers publish the bound one): one port fewer to race for.
+        self.listener_ports = {b: {proto: 0 if proto == "FLIGHT" else next(ports) for proto in self.protocols}
+                               for b in self.ids}
         self.ports = {b: self.listener_ports[b][self.protocols[0]] for b in self.ids}
         self.metrics_ports = {b: next(ports) for b in self.ids}
         for bid in self.ids:

@@ -347,7 +347,8 @@ def test_range_read_across_a_leader_kill_returns_exactly_the_range(cluster3, col
             cluster3.kill(leader)
             killed = True
     assert killed and len(stats.leaders) >= 2, stats
-    assert len(flight_reads) == stats.fetches and len(set(flight_reads)) >= 2, "every read went through Flight"
+    # Flight from both leaders (the dead one's retries go to Fetch once its listener is unreachable).
+    assert len(set(flight_reads)) >= 2 and len(flight_reads) >= stats.fetches - stats.retries, flight_reads
     table = pa.Table.from_batches(got)
     assert firsts[0] == 150 and table.num_rows == n - 77 - 150
     assert table.column("value").to_pylist() == [b"value-%08d" % r + b"x" * (r % 50) for r in range(150, n - 77)]
