@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-NAMES = ["storage", "cluster", "replication", "spark", "tls", "scale"]
+NAMES = ["storage", "cluster", "replication", "spark", "tls", "scale", "monitoring"]
 
 
 def _fmt(v):

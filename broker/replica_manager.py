@@ -185,6 +185,8 @@ class ReplicaManager:
     def stop_replica(self, req: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         self.check_controller_epoch(req.controller_epoch)
         out = pb.StopReplicaResponse()
+        started = time.monotonic()
+        lines: list[str] = []   # one state-change record and one broker-log line per request, not per partition
         for ref in req.partitions:
             tp = (ref.topic, ref.partition)
             self.fetchers.remove_partition(tp)
@@ -194,9 +196,12 @@ class ReplicaManager:
                 part.stop()
             if req.delete_partitions:
                 self.logs.delete(tp[0], tp[1])
-            state_log.info("broker %d: %s-%d StopReplica delete=%s (controller epoch %d)", self.broker_id,
-                           tp[0], tp[1], req.delete_partitions, req.controller_epoch)
+            lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} StopReplica delete={req.delete_partitions} "
+                         f"(controller epoch {req.controller_epoch})")
+        state_change_log.log_lines(lines)
         self.notify_data()
+        log.info("StopReplica from controller %d (epoch %d): %d partitions, delete=%s, in %.3fs", req.controller_id,
+                 req.controller_epoch, len(req.partitions), req.delete_partitions, time.monotonic() - started)
         return out
 
     # ------------------------------------------------------------ produce

@@ -220,6 +220,7 @@ class BrokerServer:
     def _delete_unassigned(self) -> None:
         """Seed 000 Q5: partitions on disk that are no longer assigned to us go."""
         topics: dict[str, tuple] = {}  # one read per topic, not per partition (10k partitions: 10k big reads)
+        deleted: list[str] = []
         for (topic, partition), log_ in self.log_manager.logs().items():
             if topic not in topics:
                 topics[topic] = (self.store.get_assignment(topic), self.store.get_topic_config(topic))
@@ -227,8 +228,11 @@ class BrokerServer:
             topic_id = cfg[0].get(TOPIC_ID_KEY, "") if cfg else ""
             if assignment is None or self.broker_id not in assignment.get(partition, []) \
                     or PartitionLogs.topic_id_of(log_) not in ("", topic_id):
-                log.info("deleting %s-%d: no longer assigned to broker %d", topic, partition, self.broker_id)
+                deleted.append(f"{topic}-{partition}")
                 self.log_manager.delete_log(topic, partition)
+        if deleted:   # one line, not one per partition
+            log.info("deleted %d partitions no longer assigned to broker %d: %s%s", len(deleted), self.broker_id,
+                     ", ".join(deleted[:20]), " ..." if len(deleted) > 20 else "")
 
     def _leader_endpoint(self, leader_id: int):
         host, port = self.metadata.brokers.get(leader_id) or self.store.live_brokers().get(leader_id, ("", 0))

@@ -240,7 +240,11 @@ class ClusterView:
     def snapshot(self) -> ClusterSnapshot:
         b = self.broker
         store = b.store
-        live = store.live_brokers()
+        try:
+            live, controller = store.live_brokers(), store.get_controller_id()
+        except Exception:   # ZooKeeper unreachable from here: this broker's last metadata says
+            with b.metadata.lock:
+                live, controller = dict(b.metadata.brokers), b.metadata.controller_id
         rows = []
         with b.metadata.lock:
             topics = [(name, entry.config, dict(entry.partitions)) for name, entry in sorted(b.metadata.topics.items())]
@@ -254,7 +258,7 @@ class ClusterView:
             reassignments = store.get_reassignment()
         except Exception:
             reassignments = {}
-        return ClusterSnapshot(b.broker_id, store.get_controller_id(),
+        return ClusterSnapshot(b.broker_id, controller,
                                {i: f"{h}:{port}" for i, (h, port) in sorted(live.items())}, rows, reassignments)
 
     def fill_details(self, rows: list[PartitionRow]) -> None:

@@ -79,6 +79,8 @@ def main(argv=None) -> int:
         spark_sec = {f"kafka.{k}": v for k, v in (sec or {}).items()}
         say(f"cluster up: bootstrap servers {bs}, controller is broker {cluster.controller_id()}"
             + (" (TLS + SASL_SSL, ACLs, ZooKeeper ACLs)" if setup else ""))
+        for bid in cluster.ids:   # Prometheus and the status page stay up while the demo runs
+            say(f"  broker {bid}: metrics {cluster.metrics_url(bid)}/metrics  status page {cluster.metrics_url(bid)}/")
 
         admin = replikafka.Admin(bs, security=sec)
         admin.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3, schema="id BIGINT, payload BINARY",
@@ -126,6 +128,8 @@ def main(argv=None) -> int:
         while time.time() < deadline and admin.describe_topic(TOPIC).partitions[0].leader in (victim, -1):
             time.sleep(0.2)
         say(f"  new leader of {TOPIC}-0: broker {admin.describe_topic(TOPIC).partitions[0].leader}")
+        survivor = next(b for b in cluster.ids if b != victim)
+        say(f"  under-replicated partitions now: {cluster.metrics_url(survivor)}/?state=under-replicated")
         time.sleep(3)
         say(f"restarting broker {victim}")
         cluster.start_broker(victim)

@@ -283,3 +283,19 @@ def test_log_levels_from_config():
         BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "z:1", "log.level.x": "LOUD"})
     with pytest.raises(E.InvalidConfigError, match="metrics.listener"):
         BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "z:1", "metrics.listener": "tcp://h:1"})
+
+
+# ---------------------------------------------------------------- one log line per request at scale
+def test_stop_replica_for_thousands_of_partitions_logs_one_line_per_request(caplog):
+    from replikafka.broker.state_change_log import LOGGER_NAME
+    fetchers = ReplicaFetcherManager(1, 1, lambda tp: None, lambda leader: None)
+    rm = ReplicaManager(1, None, None, None, None, fetchers, ManualClock(T0))
+    req = pb.StopReplicaRequest(controller_id=2, controller_epoch=3, delete_partitions=False, partitions=[
+        pb.TopicPartitionRef(topic="t", partition=p) for p in range(5000)])
+    with caplog.at_level(logging.INFO):
+        rm.stop_replica(req)
+    broker_lines = [r for r in caplog.records if r.name == "replikafka.replica_manager"]
+    state_records = [r for r in caplog.records if r.name == LOGGER_NAME]
+    assert len(broker_lines) == 1 and "5000 partitions" in broker_lines[0].getMessage()
+    assert len(state_records) == 1                                   # one record, a line per partition in the file
+    assert state_records[0].getMessage().count("\n") == 4999

@@ -24,6 +24,7 @@ COMMANDS = {
     "preferred-replica-election": "preferred_replica_election_cmd",
     "acls": "acls_cmd",
     "configs": "configs_cmd",
+    "consumer-lag": "consumer_lag_cmd",
 }
 
 
