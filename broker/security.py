@@ -40,8 +40,13 @@ CLUSTER = ("Cluster", A.CLUSTER_NAME)
 # RPC -> the operation it needs on each topic it names.
 TOPIC_OPERATIONS = {"Produce": "Write", "Fetch": "Read", "ListOffsets": "Read",
                     "CreateTopic": "Create", "DeleteTopic": "Delete", "CreatePartitions": "Alter",
-                    "AlterConfigs": "AlterConfigs", "DescribeConfigs": "DescribeConfigs",
-                    "AlterPartitionReassignments": "Alter", "ElectLeaders": "Alter"}
+                    "AlterConfigs": "AlterConfigs", "DescribeConfigs": "DescribeConfigs"}
+# RPC -> the operation it needs on the cluster (Kafka: reassignments and leader elections are Alter on
+# the cluster; an idempotent producer IdempotentWrite, or Write on some topic).
+CLUSTER_OPERATIONS = {"InitProducerId": "IdempotentWrite", "AlterPartitionReassignments": "Alter",
+                      "ElectLeaders": "Alter"}
+# RPCs whose handler asks per item (RequestContext.allowed) instead of refusing the call.
+HANDLER_DECIDES = ("Metadata",)
 DECISIONS_MAX = 100_000
 
 
@@ -50,8 +55,6 @@ def topics_of(method: str, request) -> list[str]:
         return sorted({p.topic for p in request.partitions})
     if method in ("CreateTopic", "DeleteTopic", "CreatePartitions", "AlterConfigs", "DescribeConfigs"):
         return [request.name]
-    if method in ("AlterPartitionReassignments", "ElectLeaders"):
-        return sorted({p.topic for p in request.partitions})
     return []
 
 
@@ -197,12 +200,15 @@ class BrokerSecurity:
         if spec.kind == "cluster" or (spec.name == "Fetch" and request.replica_id >= 0):
             self._require(ctx, "ClusterAction", CLUSTER)
             return
-        if spec.name == "InitProducerId":
-            self._require(ctx, "IdempotentWrite", CLUSTER)
+        if spec.name in CLUSTER_OPERATIONS:
+            self._require(ctx, CLUSTER_OPERATIONS[spec.name], CLUSTER)
             return
-        op = TOPIC_OPERATIONS.get(spec.name)
-        if op is None:
+        if spec.name in HANDLER_DECIDES:
             return   # Metadata: the handler lists only what the caller may Describe
+        op = TOPIC_OPERATIONS.get(spec.name)
+        if op is None:   # fail closed: an RPC nobody wrote a rule for is for brokers only
+            self._require(ctx, "ClusterAction", CLUSTER)
+            return
         for topic in topics_of(spec.name, request):
             if op == "Create" and self.allowed(ctx, "Create", CLUSTER):
                 continue   # Kafka: Create on the cluster covers every new topic
