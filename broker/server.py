@@ -49,6 +49,9 @@ from replikafka.protocol.rpc_errors import from_pb, from_rpc_error
 log = logging.getLogger("replikafka.broker")
 TOPIC_ID_KEY = "topic.id"
 GRPC_MESSAGE_BYTES_MAX = 256 << 20
+# A config change notification older than this (ms) has been applied by every live
+# broker (they apply within a watch round trip) and is deleted: Kafka's 15 minutes.
+CONFIG_CHANGE_EXPIRY_MS = 15 * 60 * 1000
 
 
 class PartitionLogs:
@@ -386,6 +389,8 @@ class BrokerServer:
             kind, _, name = entity.partition("/")
             if kind == "topics":
                 self.apply_topic_config(name)
+        # bounded: notifications every broker has had time to apply go (as Kafka's changeExpirationMs)
+        self.store.purge_config_changes(CONFIG_CHANGE_EXPIRY_MS, self.clock.time_ms())
 
     def apply_topic_config(self, topic: str) -> None:
         """The topic's current overrides, live: its local logs (retention, segment

@@ -52,7 +52,7 @@ PRODUCER_ID_BLOCK_SIZE = 1000
 # One ZooKeeper multi is limited by jute.maxbuffer (~1 MB); stay well below it.
 MULTI_OPS_MAX = 1000
 
-PERSISTENT_PATHS = (BROKER_IDS, BROKER_TOPICS, CONFIG_TOPICS, DELETE_TOPICS, ISR_CHANGE)
+PERSISTENT_PATHS = (BROKER_IDS, BROKER_TOPICS, CONFIG_TOPICS, CONFIG_CHANGES, DELETE_TOPICS, ISR_CHANGE)
 
 
 @dataclass(frozen=True)
@@ -252,6 +252,22 @@ class ZkStore:
         for r in tx.commit():
             if isinstance(r, Exception):
                 raise r
+
+    def purge_config_changes(self, older_than_ms: int, now_ms: int) -> int:
+        """Delete change notifications created more than ``older_than_ms`` ago
+        (every broker has long applied them; Kafka purges them the same way).
+        Returns how many went; one another broker removed first is skipped."""
+        gone = 0
+        for child in self.zk.get_children(CONFIG_CHANGES):
+            path = f"{CONFIG_CHANGES}/{child}"
+            stat = self.zk.exists(path)
+            if stat is not None and now_ms - stat.ctime > older_than_ms:
+                try:
+                    self.zk.delete(path)
+                    gone += 1
+                except NoNodeError:
+                    pass
+        return gone
 
     def config_changes(self, watch=None) -> list[tuple[int, str]]:
         """Change notifications as (sequence number, entity path), oldest first."""

@@ -33,3 +33,20 @@ def test_registration_publishes_every_listener(kazoo_client):
     assert store.live_brokers(epochs=epochs, endpoints=endpoints) == {7: ("h7", 9092), 8: ("h8", 9093)}
     assert endpoints == {7: ("PLAINTEXT://h7:9092", "FLIGHT://h7:9192"), 8: ()}
     assert epochs[7] == epoch
+
+
+def test_topic_config_changes_write_notifications_that_are_listed_and_purged(kazoo_client):
+    import time
+
+    store = ZkStore(kazoo_client)
+    store.ensure_paths()
+    store.create_topic("t", {0: [1]}, b"schema-bytes", {"topic.id": "abc"})
+    store.set_topic_config("t", {"topic.id": "abc", "retention.ms": "5"})
+    store.set_topic_config("t", {"topic.id": "abc"})
+    assert store.get_topic_config("t") == ({"topic.id": "abc"}, b"schema-bytes")  # the schema stays
+    changes = store.config_changes()
+    assert [e for _, e in changes] == ["topics/t", "topics/t"] and changes[0][0] < changes[1][0]
+    now = int(time.time() * 1000)
+    assert store.purge_config_changes(60_000, now) == 0          # young: kept
+    assert store.purge_config_changes(60_000, now + 120_000) == 2  # old: gone
+    assert store.config_changes() == []
