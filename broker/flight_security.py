@@ -3,8 +3,8 @@ as the gRPC listeners (:class:`replikafka.broker.security.BrokerSecurity`).
 
 - TLS: a broker with any SSL/SASL_SSL listener serves Flight as ``grpc+tls``
   with its ``ssl.certificate.location``/``ssl.key.location``
-  (:func:`flight_server_options`); with ``ssl.client.auth=required`` Flight
-  clients must present a certificate signed by ``ssl.ca.location``.
+  (:func:`flight_server_options`). ``ssl.client.auth`` does not apply (as on
+  SASL_SSL listeners): Flight callers authenticate with their password.
 - Authentication: :class:`FlightSecurityMiddlewareFactory` reads the same
   ``authorization`` header a SASL_SSL gRPC client sends (username/password,
   checked against the salted SCRAM credentials); without one the caller is
@@ -37,8 +37,8 @@ def _read(path: str) -> bytes:
 
 
 def flight_server_options(security) -> dict:
-    """Keyword arguments for ``pyarrow.flight.FlightServerBase`` (and the scheme's TLS):
-    ``tls_certificates``, ``verify_client``, ``root_certificates``, ``middleware``."""
+    """Keyword arguments for ``pyarrow.flight.FlightServerBase``: ``tls_certificates`` and
+    ``middleware``."""
     if security is None or not security.enabled:
         return {}
     cfg = security.config
@@ -49,9 +49,6 @@ def flight_server_options(security) -> dict:
         out["tls_certificates"] = [fl.CertKeyPair(cert=_read(cfg.get("ssl.certificate.location")),
                                                   key=_key_bytes(cfg.get("ssl.key.location"),
                                                                  cfg.get("ssl.key.password")))]
-        if cfg.get("ssl.client.auth") == "required":
-            out["verify_client"] = True
-            out["root_certificates"] = _read(cfg.get("ssl.ca.location"))
     return out
 
 

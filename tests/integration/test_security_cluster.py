@@ -184,6 +184,9 @@ def test_every_rpc_refuses_unauthenticated_and_unauthorized_callers(secure, zk_c
                             replica_fetch_codec.decode, 5)
         pool.close()
 
+    # ---- Flight calls: unauthenticated and unauthorized callers refused too
+    flight_calls(cluster, setup, before_acls=True)
+
     # ---- anonymous ZooKeeper clients cannot change the cluster's znodes
     for path in (f"/brokers/topics/{TOPIC}", "/controller", "/controller_epoch"):
         with pytest.raises(NoAuthError):
@@ -213,11 +216,68 @@ def test_every_rpc_refuses_unauthenticated_and_unauthorized_callers(secure, zk_c
         assert (0, 100, b"alice") in _read_all(c, 2)
     with _client(Admin, cluster, setup, "alice", "SASL_SSL") as a:
         assert a.list_topics() == [TOPIC]       # Read implies Describe
+    flight_calls(cluster, setup, before_acls=False)
     _acls(zk_connect, monkeypatch, setup, "--remove", "--allow-principal", "User:alice", "--operation", "Write",
           "--topic", "ord", "--resource-pattern-type", "prefixed")
     pool = ConnectionPool(security=setup.client_config("alice", "SASL_SSL"))
     wait_until(lambda: _refused(pool, cluster), timeout_s=3, what="alice's write refused again")
     pool.close()
+
+
+def _flight(cluster, setup, cfg):
+    """A pyarrow Flight client to broker 1's Flight listener with ``cfg``'s TLS and credentials."""
+    import pyarrow.flight as fl
+    from replikafka.security.tls import ClientSecurity
+    with _client(Admin, cluster, setup, "admin", "SSL") as admin:
+        admin.list_topics()
+        address = next(b.listener("FLIGHT") for b in admin._metadata.brokers() if b.id == cluster.ids[0])
+    sec = ClientSecurity.from_config(cfg)
+    opts = sec.flight_client_options()
+    client = fl.FlightClient(f"{opts.pop('scheme')}://{address}", **opts)
+    return client, fl.FlightCallOptions(headers=sec.flight_headers(), timeout=10)
+
+
+def flight_calls(cluster, setup, before_acls: bool):
+    """DoGet, GetFlightInfo, GetSchema, ListFlights as anonymous, with a wrong password and as
+    alice; admin's GetFlightInfo gives the real tickets. Before alice's ACLs every one is refused."""
+    import pyarrow.flight as fl
+    descriptor = fl.FlightDescriptor.for_path(TOPIC)
+    admin, admin_opts = _flight(cluster, setup, setup.client_config("admin", "SASL_SSL"))
+    info = admin.get_flight_info(descriptor, admin_opts)
+    tickets = [e.ticket for e in info.endpoints]
+    anonymous = _flight(cluster, setup, {"security.protocol": "SSL", "ssl.ca.location": setup.ca.ca_path,
+                                         **{k: v for k, v in setup.client_config("bob", "SSL").items()
+                                            if k.startswith("ssl.")}})
+    wrong = _flight(cluster, setup, {**setup.client_config("alice", "SASL_SSL"), "sasl.password": "guess"})
+    alice = _flight(cluster, setup, setup.client_config("alice", "SASL_SSL"))
+    with pytest.raises(fl.FlightUnauthenticatedError, match="SASL_AUTHENTICATION_FAILED"):
+        wrong[0].get_flight_info(descriptor, wrong[1])
+    for client, opts in ([anonymous, alice] if before_acls else [anonymous]):
+        with pytest.raises(fl.FlightUnauthorizedError, match="TOPIC_AUTHORIZATION_FAILED.*Describe on Topic 'orders'"):
+            client.get_flight_info(descriptor, opts)
+        import pyarrow as pa   # pyarrow reports GetSchema's refusal as a plain ArrowException
+        with pytest.raises((fl.FlightUnauthorizedError, pa.ArrowException), match="TOPIC_AUTHORIZATION_FAILED"):
+            client.get_schema(descriptor, opts)
+        assert [f.descriptor.path for f in client.list_flights(options=opts)] == []
+        for ticket in tickets:
+            with pytest.raises(fl.FlightUnauthorizedError, match="Read on Topic 'orders'"):
+                client.do_get(ticket, opts).read_all()
+    if not before_acls:
+        client, opts = alice
+        assert client.get_flight_info(descriptor, opts).descriptor.path == [TOPIC.encode()]
+        rows = 0
+        for e in client.get_flight_info(descriptor, opts).endpoints:
+            loc = e.locations[0].uri.decode() if e.locations else None
+            reader = fl.FlightClient(loc, **_flight_tls(setup)) if loc else client   # read at the leader
+            rows += reader.do_get(e.ticket, opts).read_all().num_rows
+        assert rows >= 201
+
+
+def _flight_tls(setup):
+    from replikafka.security.tls import ClientSecurity
+    opts = ClientSecurity.from_config(setup.client_config("alice", "SASL_SSL")).flight_client_options()
+    opts.pop("scheme")
+    return opts
 
 
 def _try(fn):
