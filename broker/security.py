@@ -31,7 +31,8 @@ from replikafka import errors as E
 from replikafka.broker.rpc_server import RateLimitedLog
 from replikafka.security import acl as A
 from replikafka.security import tls
-from replikafka.security.zk_security import AclCache, CredentialCache, kazoo_security, secure_existing
+from replikafka.security.zk_security import (ACL_CHANGES, ACL_ROOT, CONFIG_USERS, AclCache, CredentialCache,
+                                                 kazoo_security, secure_existing, sensitive_acl)
 
 log = logging.getLogger("replikafka.security")
 
@@ -142,8 +143,13 @@ class BrokerSecurity:
     def start(self, zk, persistent_paths: tuple[str, ...]) -> None:
         if self.config.get("zookeeper.set.acl"):
             zk.ensure_path("/")
-            secure_existing(zk, self.zk_user, self.zk_password, ("/",) + tuple(persistent_paths))
+            # The roots only (existing children of a cluster that turns this on later keep their ACLs).
+            secure_existing(zk, self.zk_user, self.zk_password,
+                            ("/", "/brokers", "/admin", "/config", "/controller_epoch", CONFIG_USERS, ACL_ROOT,
+                             ACL_CHANGES) + tuple(persistent_paths))
         self.credentials = CredentialCache(zk)
+        self.credentials.start(sensitive_acl(self.zk_user, self.zk_password)
+                               if self.config.get("zookeeper.set.acl") else None)
         if self.authorizer_enabled:
             self.acls = AclCache(zk)
             self.acls.start()

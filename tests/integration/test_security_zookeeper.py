@@ -80,7 +80,11 @@ def test_acl_cache_sees_add_and_remove_within_a_second(kazoo_factory):
 def test_credential_cache_follows_password_changes(kazoo_factory):
     writer, reader = kazoo_factory(), kazoo_factory()
     store, cache = Z.CredentialStore(writer), Z.CredentialCache(reader)
+    cache.start()
     assert not cache.verify("PLAIN", "bob", "one")
+    for i in range(50):   # names nobody created get no watch
+        assert not cache.verify("PLAIN", f"made-up-{i}", "x")
+    assert not cache._watched
     store.alter("bob", {"SCRAM-SHA-512": scram.make_credential("SCRAM-SHA-512", "one")})
     assert _wait(lambda: cache.verify("PLAIN", "bob", "one"))
     assert cache.verify("SCRAM-SHA-512", "bob", "one") and not cache.verify("SCRAM-SHA-256", "bob", "one")

@@ -184,6 +184,10 @@ class ClientSecurity:
             if (k.startswith("ssl.") or k.startswith("sasl.")) and k not in CLIENT_KEYS \
                     and k not in ("ssl.endpoint.identification.algorithm",):
                 raise E.InvalidConfigError(f"unknown security config {k!r} (known: {', '.join(CLIENT_KEYS)})")
+        check = cfg.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
+        if check != "https":
+            raise E.InvalidConfigError(f"ssl.endpoint.identification.algorithm={check or 'none'}: gRPC's TLS always "
+                                       f"checks that the broker's certificate names its host; only https is possible")
         protocol = cfg.get("security.protocol", "PLAINTEXT").strip().upper() or "PLAINTEXT"
         if protocol == "SASL_PLAINTEXT":
             raise E.InvalidConfigError("security.protocol=SASL_PLAINTEXT would send the password in clear; "

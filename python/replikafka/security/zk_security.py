@@ -281,19 +281,38 @@ class AclCache:
 
 class CredentialCache:
     """SCRAM credentials by user, each kept current by a data watch; verified
-    passwords are remembered per credential so PBKDF2 runs once, not per call."""
+    passwords are remembered per credential so PBKDF2 runs once, not per call.
+
+    Only users that exist (a child watch on ``/config/users``) get a data watch,
+    so names a client makes up cannot grow the broker's watches or memory."""
 
     VERIFIED_MAX = 10_000
 
     def __init__(self, zk):
         self.zk = zk
+        self._users: frozenset[str] = frozenset()
         self._creds: dict[str, dict[str, scram.ScramCredential]] = {}
         self._watched: set[str] = set()
         self._verified: dict[tuple[str, str, bytes], scram.ScramCredential] = {}
         self._lock = threading.Lock()
 
+    def start(self, acl: list[ACL] | None = None) -> None:
+        """Watch the user list (``acl``: of ``/config/users`` if this creates it)."""
+        if not self.zk.exists(CONFIG_USERS):
+            try:
+                self.zk.create(CONFIG_USERS, b"", acl=acl, makepath=True)
+            except NodeExistsError:
+                pass
+        self.zk.ChildrenWatch(CONFIG_USERS, self._on_users)
+
+    def _on_users(self, children) -> None:
+        with self._lock:
+            self._users = frozenset(children)
+
     def credentials(self, user: str) -> dict[str, scram.ScramCredential]:
         with self._lock:
+            if user not in self._users:
+                return {}
             if user in self._watched:
                 return self._creds.get(user, {})
             self._watched.add(user)

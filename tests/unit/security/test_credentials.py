@@ -64,6 +64,8 @@ def test_client_security_config_errors_name_the_key():
         ClientSecurity.from_config({"security.protocol": "SASL_PLAINTEXT"})
     with pytest.raises(E.InvalidConfigError, match="needs sasl.username"):
         ClientSecurity.from_config({"security.protocol": "SASL_SSL"})
+    with pytest.raises(E.InvalidConfigError, match="ssl.endpoint.identification.algorithm=none"):
+        ClientSecurity.from_config({"ssl.endpoint.identification.algorithm": "none"})
     with pytest.raises(E.InvalidConfigError, match="ssl.keystore.location"):
         ClientSecurity.from_config({"ssl.keystore.location": "x"})
     sec = ClientSecurity.from_config({"security.protocol": "sasl_ssl", "sasl.username": "u", "sasl.password": "pw"})
