@@ -202,6 +202,38 @@ class RequestMetrics:
         yield from self.total_time.collect()
 
 
+#: Flight method -> the ``request=`` label of its RequestMetrics (Kafka has no Flight; our names).
+FLIGHT_REQUEST_NAMES = {"DO_GET": "FlightDoGet", "GET_FLIGHT_INFO": "FlightGetFlightInfo",
+                        "GET_SCHEMA": "FlightGetSchema", "LIST_FLIGHTS": "FlightListFlights"}
+
+
+def flight_middleware_factory(requests: "RequestMetrics"):
+    """Arrow Flight server middleware reporting each call to ``requests`` once, when
+    it completes (for DoGet: when the last batch was sent), with the error code a
+    failed call carried (``to_flight_error`` puts it in the error's extra info)."""
+    import pyarrow.flight as fl
+
+    class _Call(fl.ServerMiddleware):
+        def __init__(self, method: str):
+            self.method = method
+            self.started = time.perf_counter()
+
+        def call_completed(self, exception):
+            code = ""
+            if exception is not None:
+                extra = getattr(exception, "extra_info", None) or b""
+                code = extra.decode("ascii", "replace") if isinstance(extra, bytes) and extra.isupper() \
+                    else type(exception).__name__
+            requests.observe(self.method, time.perf_counter() - self.started, code)
+
+    class _Factory(fl.ServerMiddlewareFactory):
+        def start_call(self, info, headers):
+            name = info.method.name
+            return _Call(FLIGHT_REQUEST_NAMES.get(name, f"Flight{name.title().replace('_', '')}"))
+
+    return _Factory()
+
+
 class NoRequestMetrics(RequestMetrics):
     def observe(self, method, seconds, error_code):
         return None

@@ -30,7 +30,7 @@ from replikafka.broker.http_server import start_http
 from replikafka.broker.flight_security import flight_server_options
 from replikafka.broker.flight_server import BrokerFlightServer
 from replikafka.broker.metadata_cache import MetadataCache
-from replikafka.broker.metrics import BrokerMetrics
+from replikafka.broker.metrics import BrokerMetrics, flight_middleware_factory
 from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
 from replikafka.broker.replica_manager import ReplicaManager
 from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
@@ -129,6 +129,8 @@ class BrokerServer:
         self.request_gate = OpenGate()
         self.metrics = BrokerMetrics(self.broker_id, config.get("metrics.recording.enable"))
         self.request_observer = self.metrics.requests
+        if self.metrics.recording:
+            self.flight_middleware["metrics"] = flight_middleware_factory(self.metrics.requests)
         # How this broker reaches other brokers (security.inter.broker.protocol): None = plaintext.
         self.channel_credentials = None
         self.session_lost = threading.Event()

@@ -11,12 +11,15 @@ import time
 import urllib.request
 
 import grpc
+import pyarrow.flight as fl
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import replikafka
 from cluster_helpers import kafka_batch, wait_until
 from replikafka import records as R
+from replikafka.client.connection import ConnectionPool, parse_bootstrap
+from replikafka.client.metadata import ClusterMetadata
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
 
@@ -171,6 +174,27 @@ def test_per_topic_byte_and_message_counters_match_what_was_produced_and_fetched
         m = scrape(cluster, b)
         assert m["kafka_network_requestmetrics_requests_total"][(("request", "FetchFollower"),)] > 0
         assert m["kafka_network_requestmetrics_requests_total"][(("request", "LeaderAndIsr"),)] >= 1
+    # Arrow Flight reads report through the same request metrics (middleware on the Flight server).
+    c = replikafka.Consumer(cluster.bootstrap_servers, use_flight=True)
+    c.assign([("bytes", p.partition) for p in parts])
+    for p in parts:
+        c.seek(("bytes", p.partition), 0)
+    got, deadline = 0, time.time() + 30
+    while got < produced_records and time.time() < deadline:
+        got += c.poll(timeout_ms=1000).num_rows
+    c.close()
+    assert got == produced_records
+    assert total(cluster, cluster.ids, "kafka_network_requestmetrics_requests_total", request="FlightDoGet") >= 2
+    meta = ClusterMetadata(ConnectionPool(), parse_bootstrap(cluster.bootstrap_servers), request_timeout_ms=10_000,
+                           retry_backoff_ms=100)
+    meta.refresh(all_topics=True)
+    flight_at = meta.broker(leader).listener("FLIGHT")
+    client = fl.connect(f"grpc+tcp://{flight_at}")
+    with pytest.raises(fl.FlightError):
+        client.do_get(fl.Ticket(b"\x00garbage")).read_all()
+    client.close()
+    assert value(cluster, leader, "kafka_network_requestmetrics_errors_total", request="FlightDoGet",
+                 error="INVALID_REQUEST") == 1
     # Per-partition log gauges: every replica holds the same records.
     for b in cluster.ids:
         for p in parts:
