@@ -4,6 +4,7 @@ in a real headless Chromium."""
 from __future__ import annotations
 
 import html.parser
+import json
 import os
 import shutil
 import subprocess
@@ -195,6 +196,13 @@ def test_per_topic_byte_and_message_counters_match_what_was_produced_and_fetched
     client.close()
     assert value(cluster, leader, "kafka_network_requestmetrics_errors_total", request="FlightDoGet",
                  error="INVALID_REQUEST") == 1
+    # Log levels at runtime over the HTTP port.
+    req = urllib.request.Request(cluster.metrics_url(leader) + "/loggers",
+                                 data=b"logger=replikafka.controller&level=DEBUG")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert json.loads(resp.read()) == {"logger": "replikafka.controller", "level": "DEBUG"}
+    with urllib.request.urlopen(cluster.metrics_url(leader) + "/loggers", timeout=10) as resp:
+        assert json.loads(resp.read())["replikafka.controller"] == "DEBUG"
     # Per-partition log gauges: every replica holds the same records.
     for b in cluster.ids:
         for p in parts:

@@ -125,7 +125,14 @@ def test_replica_manager_gauges_read_the_partitions_at_scrape_time(tmp_path):
     m.registry.register(ReplicaManagerCollector(rm, fetchers))
     # Follower 2 fetched at 3 of the leader's 7 records; follower 3 never fetched (unknown, not counted).
     led.read_for_follower(2, 3, 1 << 20, -1)
+    # As a follower of t-1 we hold 0 records and the leader's last answer said its LEO is 9.
+    from replikafka.broker.replica_fetcher import FetchState, ReplicaFetcher
+    fetcher = ReplicaFetcher(1, 2, None, rm.get, max_wait_ms=0, min_bytes=1, max_bytes=1, backoff_ms=0,
+                             request_timeout_s=1)
+    fetcher.states[followed.tp] = FetchState(1, truncating=False, leader_log_end=9)
+    fetchers.fetchers[(2, 0)] = fetcher
     s = samples(m.registry)
+    assert s["kafka_server_replicafetchermanager_maxlag"][()] == 9
     assert s["kafka_server_replicamanager_partitioncount"][()] == 2
     assert s["kafka_server_replicamanager_leadercount"][()] == 1
     assert s["kafka_server_replicamanager_underreplicatedpartitions"][()] == 1
