@@ -1,13 +1,23 @@
 """`./build.sh bench cluster`: one broker, RF=1, 100-byte values in batches of
 10,000 — produce (acks=1) and consume records/s through the client library,
 each as a ratio of the storage engine's own append / read of the same batches
-measured in the same run (what a broker could do with zero RPC cost)."""
+measured in the same run (what a broker could do with zero RPC cost).
+
+The consumer reads through the broker's Arrow Flight listener (its default); the
+same read is also timed against plain ``pyarrow.flight`` serving the same
+batches from memory in this process (the transport's ceiling), with ``Fetch``
+only (``use_flight=False``), and with 4 consumers on 4 partitions at once. The
+broker's CPU seconds per GB served come from /proc/<pid>/stat."""
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+import threading
 import time
+
+import pyarrow as pa
+import pyarrow.flight as fl
 
 import replikafka
 from bench import storage_bench as S
@@ -35,11 +45,13 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _consume(bs: str, topic: str, n: int, broker_pid: int, security: dict | None = None) -> tuple[float, float]:
-    """(seconds, broker CPU seconds) to read ``n`` records from partition 0."""
-    c = replikafka.Consumer(bs, fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20, security=security)
-    c.assign([(topic, 0)])
-    c.seek((topic, 0), 0)
+def _consume(bs: str, topic: str, n: int, broker_pid: int, security: dict | None = None,
+             partition: int = 0, **consumer) -> tuple[float, float]:
+    """(seconds, broker CPU seconds) to read ``n`` records from ``partition``."""
+    c = replikafka.Consumer(bs, fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20, security=security,
+                            **consumer)
+    c.assign([(topic, partition)])
+    c.seek((topic, partition), 0)
     got = 0
     cpu = process_cpu_s(broker_pid)
     t = time.perf_counter()
@@ -51,12 +63,55 @@ def _consume(bs: str, topic: str, n: int, broker_pid: int, security: dict | None
     return elapsed, cpu
 
 
+class _MemoryFlightServer(fl.FlightServerBase):
+    """Plain pyarrow.flight serving one table from memory: the transport's ceiling."""
+
+    def __init__(self, table: pa.Table):
+        super().__init__("grpc://127.0.0.1:0")
+        self.table = table
+
+    def do_get(self, context, ticket):
+        return fl.RecordBatchStream(self.table)
+
+
+def _flight_from_memory(batches) -> float:
+    server = _MemoryFlightServer(pa.Table.from_batches(batches))
+    try:
+        client = fl.connect(f"grpc://127.0.0.1:{server.port}")
+        client.do_get(fl.Ticket(b"warm")).read_all()
+        t = time.perf_counter()
+        rows = client.do_get(fl.Ticket(b"all")).read_all().num_rows
+        elapsed = time.perf_counter() - t
+        assert rows == sum(b.num_rows for b in batches)
+        client.close()
+        return elapsed
+    finally:
+        server.shutdown()
+
+
+def _consume_parallel(bs: str, topic: str, partitions: int, n_each: int) -> float:
+    """Seconds for ``partitions`` consumers (threads), one per partition, to read ``n_each`` each."""
+    took = []
+
+    def one(p):
+        took.append(_consume(bs, topic, n_each, os.getpid(), partition=p)[0])
+    start = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(p,)) for p in range(partitions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(took) == partitions
+    return time.perf_counter() - start
+
+
 def run() -> list[dict]:
     batches = S.make_batches()[: RECORDS // S.BATCH]
     n = len(batches) * S.BATCH
     nbytes = n * S.VALUE_BYTES
     root = tempfile.mkdtemp(prefix="cluster-bench-")
-    best = {k: float("inf") for k in ("produce", "consume", "append", "read", "consume_cpu")}
+    best = {k: float("inf") for k in ("produce", "consume", "append", "read", "consume_cpu", "memory_flight",
+                                      "fetch", "fetch_cpu", "parallel")}
     cluster = LocalCluster(os.path.join(root, "cluster"), 1, die_with_parent=True,
                            overrides={"message.max.bytes": str(64 << 20)})
     try:
@@ -69,6 +124,16 @@ def run() -> list[dict]:
             best["produce"] = min(best["produce"], _produce(cluster.bootstrap_servers, topic, batches))
             took, cpu = _consume(cluster.bootstrap_servers, topic, n, cluster.procs[1].pid)
             best["consume"], best["consume_cpu"] = min(best["consume"], took), min(best["consume_cpu"], cpu)
+            best["memory_flight"] = min(best["memory_flight"], _flight_from_memory(batches))
+            took, cpu = _consume(cluster.bootstrap_servers, topic, n, cluster.procs[1].pid, use_flight=False)
+            best["fetch"], best["fetch_cpu"] = min(best["fetch"], took), min(best["fetch_cpu"], cpu)
+            four = f"bench4-{r}"
+            admin.create_topic(four, partitions=4, replication_factor=1, schema="value BINARY",
+                               config={"max.message.bytes": str(64 << 20), "segment.bytes": str(1 << 30)})
+            for p in range(4):
+                _produce_to(cluster.bootstrap_servers, four, batches[p::4], p)
+            best["parallel"] = min(best["parallel"], _consume_parallel(cluster.bootstrap_servers, four, 4,
+                                                                       len(batches[0::4]) * S.BATCH))
             d = os.path.join(root, f"log-{r}")
             best["append"] = min(best["append"], S.log_append(d, batches))
             best["read"] = min(best["read"], _engine_read(d, n))
@@ -83,9 +148,27 @@ def run() -> list[dict]:
                          baseline=n / base, ratio=base / ours))
         rows.append(dict(bench="cluster", metric=f"{name} MB/s", value=nbytes / ours / 1e6, unit="MB/s",
                          baseline=nbytes / base / 1e6, ratio=base / ours))
-    rows.append(dict(bench="cluster", metric="consume: broker CPU s per GB served",
+    rows.append(dict(bench="cluster", metric="consume via Flight vs pyarrow.flight from memory records/s",
+                     value=n / best["consume"], unit="records/s", baseline=n / best["memory_flight"],
+                     ratio=best["memory_flight"] / best["consume"]))
+    rows.append(dict(bench="cluster", metric="consume via Fetch only (use_flight=False) records/s",
+                     value=n / best["fetch"], unit="records/s", baseline=n / best["consume"],
+                     ratio=best["consume"] / best["fetch"]))
+    n4 = 4 * len(batches[0::4]) * S.BATCH
+    rows.append(dict(bench="cluster", metric="consume, 4 consumers on 4 partitions records/s",
+                     value=n4 / best["parallel"], unit="records/s", baseline=n / best["consume"],
+                     ratio=(n4 / best["parallel"]) / (n / best["consume"])))
+    rows.append(dict(bench="cluster", metric="consume via Flight: broker CPU s per GB served",
                      value=best["consume_cpu"] / (nbytes / 1e9), unit="s/GB"))
+    rows.append(dict(bench="cluster", metric="consume via Fetch: broker CPU s per GB served",
+                     value=best["fetch_cpu"] / (nbytes / 1e9), unit="s/GB"))
     return rows
+
+
+def _produce_to(bs: str, topic: str, batches, partition: int) -> None:
+    with replikafka.Producer(bs, acks=1, linger_ms=0, batch_size=32 << 20) as p:
+        for f in [p.send(topic, b, partition=partition) for b in batches]:
+            f.result(timeout=120)
 
 
 def _engine_read(d: str, n: int) -> float:
