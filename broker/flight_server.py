@@ -83,23 +83,34 @@ def batch_metadata(first_offset: int) -> bytes:
 def stream_ticket(ticket: flight_ticket.PartitionTicket, read, step_bytes: int = READ_STEP_BYTES
                   ) -> Iterator[tuple[pa.RecordBatch, int, int]]:
     """(batch, first offset, stored bytes) of the ticket's range, read in steps of
-    ``step_bytes`` through ``read(offset, max_bytes, end, at_least_one)`` -> the
-    partition's StoredReadResult below the HW (or None at the HW). Stops at the
-    end offset, at the HW, or before the batch that would pass the byte budget."""
+    ``step_bytes`` through ``read(offset, max_bytes, end)`` -> the partition's
+    StoredReadResult below the HW (or None at the HW). Stops at the end offset, at
+    the HW, or before the batch that would take the stream past the byte budget
+    (the stream's first batch always goes)."""
     offset = ticket.start_offset
     end = ticket.end_offset if ticket.end_offset >= 0 else INT64_MAX
     left = ticket.max_bytes or INT64_MAX
     first = True
-    while offset < end and left > 0:
-        stored = read(offset, min(step_bytes, left), end, first)
+    while offset < end:
+        stored = read(offset, min(step_bytes, left), end)
         if stored is None or not stored.batches:
             return
-        first = False
-        for c in clip_stored(stored.batches, offset, stored.end_offset, ticket.columns):
+        batches = []
+        for sb in stored.batches:
+            if not first and sb.message.size > left:
+                break
+            first = False
+            left -= sb.message.size
+            batches.append(sb)
+        if not batches:
+            return
+        stop = min(batches[-1].base_offset + batches[-1].record_count, stored.end_offset)
+        for c in clip_stored(batches, offset, stop, ticket.columns):
             size = c.verbatim.message.size if c.verbatim is not None else c.batch.nbytes
             yield c.batch, c.first_offset, size
-        left -= stored.size_bytes
-        offset = stored.end_offset
+        if len(batches) < len(stored.batches):
+            return
+        offset = stop
 
 
 class BrokerFlightServer(fl.FlightServerBase):
@@ -134,8 +145,8 @@ class BrokerFlightServer(fl.FlightServerBase):
                 part.log.check_columns(t.columns)
                 schema = pa.schema([schema.field(c) for c in t.columns])
 
-            def read(offset, max_bytes, end, at_least_one):
-                return part.read_committed(offset, max_bytes, t.current_leader_epoch, end, at_least_one)[0]
+            def read(offset, max_bytes, end):
+                return part.read_committed(offset, max_bytes, t.current_leader_epoch, end)[0]
             batches = stream_ticket(t, read)
             head = next(batches, None)    # the first read's errors fail the call itself
         except E.ReplikafkaError as exc:

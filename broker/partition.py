@@ -169,8 +169,7 @@ class Partition:
                 self.cond.wait(min(left, 100) / 1000.0)
 
     # ------------------------------------------------------------ leader: reads
-    def read_committed(self, offset: int, max_bytes: int, current_leader_epoch: int, end: int | None = None,
-                       at_least_one: bool = True):
+    def read_committed(self, offset: int, max_bytes: int, current_leader_epoch: int, end: int | None = None):
         """Consumers (Fetch and Flight): the stored batches holding [offset, min(end, HW)),
         verbatim (``Log.read_stored``); [HW, LEO] gives None. Returns (result, HW, LEO, log
         start). While a new leader's HW is not known yet (:meth:`LeaderState.client_hw`)
@@ -185,8 +184,7 @@ class Partition:
                 f"{self.topic}-{self.partition}: offset {offset} is outside [{lso}, {leo}]")
         if offset >= hw:
             return None, hw, leo, lso
-        return self.log.read_stored(offset, max_bytes, hw if end is None else min(end, hw), at_least_one), \
-            hw, leo, lso
+        return self.log.read_stored(offset, max_bytes, hw if end is None else min(end, hw)), hw, leo, lso
 
     def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, current_leader_epoch: int):
         """A follower's fetch: records its LEO (may move the HW), returns raw batches."""

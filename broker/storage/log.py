@@ -596,8 +596,8 @@ class Log:
         batches = [b.batch for b in clip_stored(stored.batches, start, stored.end_offset, projection)]
         return LogReadResult(batches, start, max(stored.end_offset - start, 0), stored.size_bytes)
 
-    def read_stored(self, start_offset: int, max_bytes: int, max_offset_exclusive: int | None = None,
-                    at_least_one: bool = True) -> StoredReadResult:
+    def read_stored(self, start_offset: int, max_bytes: int,
+                    max_offset_exclusive: int | None = None) -> StoredReadResult:
         """The stored batches holding [start_offset, max_offset_exclusive) (default: to
         the log end), whole and verbatim: zero-copy slices of the segments' mappings.
         The one read path: consumers' and followers' fetches and Flight all read here.
@@ -605,13 +605,13 @@ class Log:
         The first batch may begin below `start_offset` and the last may end past the
         max offset (`clip_stored` cuts them for a reader wanting the exact range).
         Stops before a batch that would take the stored size past `max_bytes`, but
-        returns at least one unless `at_least_one` is False. start == max offset gives none; start below the log
+        returns at least one. start == max offset gives none; start below the log
         start or above the log end raises OffsetOutOfRangeError."""
         return self._on_current_view(lambda view: self._read_stored_view(view, start_offset, max_bytes,
-                                                                         max_offset_exclusive, at_least_one))
+                                                                         max_offset_exclusive))
 
     def _read_stored_view(self, view: _View, start: int, max_bytes: int,
-                          max_offset: int | None, at_least_one: bool = True) -> StoredReadResult:
+                          max_offset: int | None) -> StoredReadResult:
         self._check_range(start, view)
         end = view.log_end if max_offset is None else min(max_offset, view.log_end)
         out: list[StoredBatch] = []
@@ -622,8 +622,8 @@ class Log:
             if offset >= end:
                 break
             for ref in seg.batches_from(offset, end):
-                if (out or not at_least_one) and size + ref.size > max_bytes:
-                    return StoredReadResult(out, min(offset, end) if out else start, size, last)
+                if out and size + ref.size > max_bytes:
+                    return StoredReadResult(out, min(offset, end), size, last)
                 out.append(StoredBatch(ref.base_offset, ref.record_count, ref.batch, seg.message(ref)))
                 size += ref.size
                 offset = ref.base_offset + ref.record_count
