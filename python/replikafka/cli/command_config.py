@@ -12,6 +12,14 @@ def add_argument(parser) -> None:
                         help="client properties (security.protocol, ssl.*, sasl.*), as Kafka's tools")
 
 
+def client_config_of(args, bootstrap: str, **settings) -> dict[str, str]:
+    """A Kafka-style client config dict: ``bootstrap.servers``, then every key of
+    ``--command-config`` (security keys go to the TLS/SASL set-up; other client
+    keys such as ``request.timeout.ms`` are honoured, Kafka's inapplicable ones
+    warned about, unknown ones refused with did-you-mean), then ``settings``."""
+    return {"bootstrap.servers": bootstrap, **(security_of(args) or {}), **settings}
+
+
 def security_of(args) -> dict[str, str] | None:
     """The security keys of ``--command-config`` (None without one); an unknown key is named."""
     path = getattr(args, "command_config", None)

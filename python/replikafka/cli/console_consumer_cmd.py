@@ -95,8 +95,8 @@ def run(args) -> int:
 
     formatter = Formatter(props)
     count = 0
-    with Consumer({"bootstrap.servers": args.bootstrap_server, **client_properties(args.consumer_property)},
-                  security=command_config.security_of(args)) as consumer:
+    with Consumer(command_config.client_config_of(args, args.bootstrap_server,
+                                                  **client_properties(args.consumer_property))) as consumer:
         partitions = consumer.partitions_for(args.topic)
         if args.partition is not None:
             if args.partition not in partitions:

@@ -82,9 +82,9 @@ def run(args) -> int:
     parse_key = _truthy(props.get("parse.key"))
     separator = props.get("key.separator", "\t").encode().decode("unicode_escape").encode()
     ignore_error = _truthy(props.get("ignore.error"))
-    conf = {"bootstrap.servers": args.bootstrap_server, "acks": args.acks, "linger.ms": args.linger_ms,
-            **producer_props}
-    with Producer(conf, security=command_config.security_of(args)) as producer:
+    settings = {"acks": args.acks, "linger.ms": args.linger_ms, **producer_props}  # --producer-property wins
+    conf = command_config.client_config_of(args, args.bootstrap_server, **settings)
+    with Producer(conf) as producer:
         writer = LineWriter(producer, args.topic, parse_key, separator)
         for block in read_blocks(sys.stdin.buffer):
             writer.write_lines(block)

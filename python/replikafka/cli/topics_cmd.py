@@ -72,7 +72,7 @@ def admin_for(args):
     """An Admin for a command's ``--bootstrap-server`` (or ``--zookeeper``) and ``--command-config``."""
     from replikafka.client.admin import Admin
 
-    return Admin(bootstrap_from(args.bootstrap_server, args.zookeeper), security=command_config.security_of(args))
+    return Admin(command_config.client_config_of(args, bootstrap_from(args.bootstrap_server, args.zookeeper)))
 
 
 def _check(args) -> str:

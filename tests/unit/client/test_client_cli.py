@@ -149,3 +149,15 @@ def test_missing_key_separator_is_reported(fake, capsys, monkeypatch):
     rc, _, err = run(capsys, "console-producer", "--bootstrap-server", fake.bootstrap, "--topic", "t",
                      "--property", "parse.key=true", stdin=b"a\tb\nnokey\n", monkeypatch=monkeypatch)
     assert rc == 1 and "line 2" in err
+
+
+def test_command_config_is_a_kafka_client_properties_file(fake, capsys, tmp_path, caplog):
+    fake.add_topic("t", 1)
+    props = tmp_path / "client.properties"
+    props.write_text("request.timeout.ms=5000\nclient.id=ops\n")
+    rc, out, err = run(capsys, "topics", "--bootstrap-server", fake.bootstrap, "--list", "--command-config", str(props))
+    assert rc == 0 and out.split() == ["t"], err
+    assert "ignoring Kafka client config keys that do not apply here: client.id" in caplog.text
+    props.write_text("request.timeout.mss=5000\n")
+    rc, out, err = run(capsys, "topics", "--bootstrap-server", fake.bootstrap, "--list", "--command-config", str(props))
+    assert rc == 1 and "did you mean request.timeout.ms" in err, err
