@@ -105,7 +105,8 @@ def _write_everywhere(address: str, topic: str, n: int) -> None:
     deadline = time.time() + 600
     while todo and time.time() < deadline:
         resp = stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
-            pb.PartitionProduceData(topic=topic, partition=p, records=payload) for p in todo]), timeout=120)
+            pb.PartitionProduceData(topic=topic, partition=p, records=payload,
+                                    records_crc32c=R.records_crc32c(payload)) for p in todo]), timeout=120)
         todo = [r.partition for r in resp.partitions if r.error.code]
         if todo:
             time.sleep(0.05)

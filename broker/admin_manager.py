@@ -11,6 +11,7 @@ import uuid
 
 from replikafka import errors as E
 from replikafka import records as R
+from replikafka.broker import wire_limits as W
 from replikafka.broker.config import TOPIC_KEYS, topic_defaults, validate_topic_config
 from replikafka.broker.controller.controller import random_assignment
 from replikafka.protocol import replikafka_pb2 as pb
@@ -24,6 +25,7 @@ class AdminManager:
         self.config = config
         self.store = store
         self.metadata = metadata
+        self.limits = W.WireLimits.from_config(config)
         self.pid_lock = threading.Lock()
         self.pid_next = 0
         self.pid_end = 0
@@ -42,6 +44,13 @@ class AdminManager:
         rf = req.replication_factor if req.replication_factor != -1 else self.config.get("default.replication.factor")
         if rf == 0 and not req.assignment:
             rf = self.config.get("default.replication.factor")
+        if req.assignment:
+            W.check_partition_count(req.name, len(req.assignment), self.limits)
+            for p, r in req.assignment.items():
+                W.check_replica_list(f"topic {req.name!r} partition {p}", r.replicas, self.limits)
+        else:
+            W.check_partition_count(req.name, n, self.limits)
+            W.check_replication_factor(req.name, rf, self.limits)
         topic_schema = R.parse_schema(req.schema or None)
         cfg = validate_topic_config(dict(req.config))
         cfg["topic.id"] = uuid.uuid4().hex
@@ -91,6 +100,7 @@ class AdminManager:
         if assignment is None:
             raise E.UnknownTopicOrPartitionError(f"topic {req.name!r} does not exist")
         current = len(assignment)
+        W.check_partition_count(req.name, req.total_count, self.limits)
         if req.total_count <= current:
             raise E.InvalidPartitionsError(
                 f"topic {req.name!r} has {current} partitions; the new count {req.total_count} must be larger")

@@ -24,6 +24,7 @@ class MetadataCache:
         self.lock = threading.Lock()
         self.brokers: dict[int, tuple[str, int]] = {}
         self.broker_endpoints: dict[int, tuple[str, ...]] = {}   # every advertised listener per broker
+        self.broker_epochs: dict[int, int] = {}     # registration czxids (KIP-380), from the controller
         self.controller_id = -1
         self.controller_epoch = -1
         self.topics: dict[str, TopicEntry] = {}
@@ -36,6 +37,7 @@ class MetadataCache:
             if req.live_brokers:
                 self.brokers = {b.id: (b.host, b.port) for b in req.live_brokers}
                 self.broker_endpoints = {b.id: tuple(b.endpoints) for b in req.live_brokers}
+                self.broker_epochs = {b.id: b.broker_epoch for b in req.live_brokers}
             if req.full:
                 self.topics = {}
             self._apply_topics(req.topics, req.partitions)
@@ -72,6 +74,10 @@ class MetadataCache:
             if old is None or (s.leader_epoch, s.zk_version) >= (old.leader_epoch, old.zk_version) \
                     or s.controller_epoch > old.controller_epoch:
                 entry.partitions[s.partition] = s
+
+    def broker_epoch(self, broker_id: int) -> int | None:
+        with self.lock:
+            return self.broker_epochs.get(broker_id)
 
     def topic(self, name: str) -> TopicEntry | None:
         with self.lock:

@@ -57,6 +57,10 @@ class FetchState:
     leader_epoch: int
     truncating: bool = True
     leader_log_end: int = -1     # the leader's LEO in its last answer (the fetcher's lag, for metrics)
+    # A partition whose fetched data could not be appended (a corrupt batch, a disk
+    # error) sits out until then (time.monotonic()), as Kafka's delayed partitions:
+    # the other partitions keep replicating.
+    delayed_until_s: float = 0.0
 
 
 class ReplicaFetcher:
@@ -64,7 +68,7 @@ class ReplicaFetcher:
 
     def __init__(self, broker_id: int, leader_id: int, endpoint: LeaderEndpoint, partitions_lookup,
                  *, max_wait_ms: int, min_bytes: int, max_bytes: int, backoff_ms: int, request_timeout_s: float,
-                 response_max_bytes: int = 0):
+                 response_max_bytes: int = 0, broker_epoch=lambda: -1):
         self.broker_id = broker_id
         self.leader_id = leader_id
         self.endpoint = endpoint
@@ -72,6 +76,7 @@ class ReplicaFetcher:
         self.max_wait_ms, self.min_bytes, self.max_bytes = max_wait_ms, min_bytes, max_bytes
         self.response_max_bytes = response_max_bytes or max_bytes   # over all partitions of one fetch
         self.backoff_s = backoff_ms / 1000.0
+        self.broker_epoch = broker_epoch         # () -> our registration's czxid: sent with each fetch (KIP-380)
         self.timeout_s = request_timeout_s
         self.lock = threading.Lock()
         self.states: dict[tuple[str, int], FetchState] = {}
@@ -132,7 +137,8 @@ class ReplicaFetcher:
         truncating = {tp: s for tp, s in snapshot.items() if s.truncating}
         if truncating:
             self._truncate(truncating)
-        ready = {tp: s for tp, s in snapshot.items() if not s.truncating}
+        now = time.monotonic()
+        ready = {tp: s for tp, s in snapshot.items() if not s.truncating and s.delayed_until_s <= now}
         if not ready:
             return bool(truncating)
         return self._fetch(ready)
@@ -178,8 +184,8 @@ class ReplicaFetcher:
                     log.info("follower %d truncating %s-%d from %d to %d %s (asked epoch %d; leader epoch %d "
                              "ends at %d; HW %d)", self.broker_id, tp[0], tp[1], part.log.log_end_offset,
                              decision.offset, how, asks[tp], r.leader_epoch, r.end_offset, part.hw)
-                if not part.truncate_to(decision.offset, states[tp].leader_epoch):
-                    continue  # no longer a follower in that epoch: the next LeaderAndIsr decides
+                if not self._isolated(tp, part.truncate_to, decision.offset, states[tp].leader_epoch):
+                    continue  # no longer a follower in that epoch (or it failed): the next round decides
                 with self.lock:
                     s = self.states.get(tp)
                     if s is not None and s.leader_epoch == states[tp].leader_epoch:
@@ -199,7 +205,7 @@ class ReplicaFetcher:
         if not parts:
             return False
         req = pb.FetchRequest(replica_id=self.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
-                              max_bytes=self.response_max_bytes, partitions=parts)
+                              max_bytes=self.response_max_bytes, partitions=parts, replica_epoch=self.broker_epoch())
         resp = self.endpoint.fetch(req, self.timeout_s + self.max_wait_ms / 1000.0)
         failed = 0
         for r in resp.partitions:
@@ -221,9 +227,26 @@ class ReplicaFetcher:
             if code:
                 # FENCED/UNKNOWN epoch, NOT_LEADER: wait for the controller's next LeaderAndIsr.
                 continue
-            part.append_as_follower(r.records if r.record_count else None, r.high_watermark, s.leader_epoch)
+            if self._isolated(tp, part.append_as_follower, r.records if r.record_count else None,
+                              r.high_watermark, s.leader_epoch) is None:
+                failed += 1
             s.leader_log_end = r.log_end_offset
         return failed < len(resp.partitions)
+
+    def _isolated(self, tp, action, *args):
+        """``action(*args)`` for one partition; if it raises, that partition alone sits
+        out ``replica.fetch.backoff.ms`` (logged, the error named) and None is returned:
+        one partition's corrupt batch or disk error never fails the round for the others."""
+        try:
+            return action(*args)
+        except Exception as exc:  # anything: the other partitions of this leader must keep replicating
+            log.error("follower %d: %s-%d from leader %d failed and waits %.1fs: %s: %s", self.broker_id, tp[0],
+                      tp[1], self.leader_id, self.backoff_s, type(exc).__name__, exc)
+            with self.lock:
+                st = self.states.get(tp)
+                if st is not None:
+                    st.delayed_until_s = time.monotonic() + max(self.backoff_s, 0.05)
+            return None
 
 
 class ReplicaFetcherManager:

@@ -12,8 +12,6 @@ import logging
 import threading
 import time
 
-import pyarrow as pa
-
 from replikafka import errors as E
 from replikafka import records as R
 from replikafka.broker import state_change_log
@@ -30,6 +28,16 @@ TP = tuple[str, int]
 FETCH_WAIT_SLICE_S = 0.05
 #: Kafka's DEBUGGING_CONSUMER id: a fetch any replica serves with its own stored batches (replica-verification).
 DEBUGGING_REPLICA_ID = -2
+
+
+def partition_read_error(topic: str, partition: int, exc: Exception) -> E.ReplikafkaError:
+    """The named error for an unexpected failure reading one partition (logged once here)."""
+    log.error("%s-%d: read failed: %s: %s", topic, partition, type(exc).__name__, exc)
+    if isinstance(exc, OSError):
+        return E.StorageError(f"{topic}-{partition}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, R.ARROW_DECODE_ERRORS):
+        return E.CorruptRecordError(f"{topic}-{partition}: a stored batch cannot be read: {type(exc).__name__}: {exc}")
+    return E.ReplikafkaError(f"{topic}-{partition}: {type(exc).__name__}: {exc}")
 
 
 class ReplicaManager:
@@ -169,12 +177,16 @@ class ReplicaManager:
             self.partitions[tp] = part
             return part
 
-    def remove_unassigned(self, req: pb.UpdateMetadataRequest) -> None:
+    def remove_unassigned(self, req: pb.UpdateMetadataRequest, deletable=lambda tps: tps) -> None:
         """Metadata naming a partition's replicas without us: a reassignment moved it away
-        (its StopReplica may have been lost with a failed controller). Stop and delete it."""
+        (its StopReplica may have been lost with a failed controller). Stop and delete it,
+        if ``deletable`` (ZooKeeper, through the control-plane guard) agrees."""
+        moved = [(s.topic, s.partition) for s in req.partitions
+                 if s.replicas and self.broker_id not in s.replicas and (s.topic, s.partition) in self.partitions]
+        agreed = set(deletable(moved)) if moved else set()
         for s in req.partitions:
             tp = (s.topic, s.partition)
-            if s.replicas and self.broker_id not in s.replicas and tp in self.partitions:
+            if tp in agreed:
                 state_log.info("broker %d: %s-%d is no longer assigned here (replicas %s): deleting it "
                                "(controller epoch %d)", self.broker_id, tp[0], tp[1], list(s.replicas),
                                req.controller_epoch)
@@ -247,11 +259,8 @@ class ReplicaManager:
         # may hold several batches; max.message.bytes limits each stored batch
         # (checked by the log as it encodes them), as in Kafka.
         records = d.records
-        try:
-            schema, batches = R.decode_stream(records)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise E.CorruptRecordError(f"{d.topic}-{d.partition}: records are not an Arrow IPC stream: {exc}") \
-                from None
+        _schema, batches = R.decode_produced(
+            records, d.records_crc32c if d.HasField("records_crc32c") else None, f"{d.topic}-{d.partition}")
         expected = part.log.schema
         batches = [R.conform_batch(b, expected, d.topic) for b in batches if b.num_rows]
         if not batches:
@@ -294,6 +303,7 @@ class ReplicaManager:
         any_error = False
         hw_moved = False
         budget = req.max_bytes if req.max_bytes > 0 else 64 << 20
+        follower_error = self._follower_fetch_error(req) if req.replica_id >= 0 else None
         for fp in req.partitions:
             # Built in place: appending a finished message would copy its records again.
             r = out.partitions.add(topic=fp.topic, partition=fp.partition)
@@ -303,6 +313,7 @@ class ReplicaManager:
                 max_bytes = min(fp.partition_max_bytes or budget, max(budget - total, 1))
                 if req.replica_id >= 0 or req.replica_id == DEBUGGING_REPLICA_ID:
                     if req.replica_id >= 0:
+                        self._check_follower_of(part, req.replica_id, follower_error)
                         hw_before = part.hw
                         raw, hw, leo, lso = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
                                                                    fp.current_leader_epoch)
@@ -333,6 +344,9 @@ class ReplicaManager:
             except E.ReplikafkaError as exc:
                 r.error.CopyFrom(to_pb(exc))
                 any_error = True
+            except Exception as exc:  # one partition's fault (its disk, a rotten batch) fails only that partition
+                r.error.CopyFrom(to_pb(partition_read_error(fp.topic, fp.partition, exc)))
+                any_error = True
         if hw_moved:  # a follower's fetch committed data: wake the consumers' long polls now
             self.notify_data()
         return out, total, any_error
@@ -353,6 +367,28 @@ class ReplicaManager:
     def flight_partition(self, topic: str, partition: int) -> Partition:
         """The partition a Flight read names, or the error Fetch would give."""
         return self._partition_or_error(topic, partition)
+
+    def _follower_fetch_error(self, req: pb.FetchRequest) -> E.ReplikafkaError | None:
+        """KIP-380: a follower fetch must come from a live broker in its current epoch
+        (as the controller's metadata says); None if it does."""
+        known = self.metadata.broker_epoch(req.replica_id)
+        if known is None:
+            return E.NotLeaderOrFollowerError(f"fetch from replica {req.replica_id}: not a live broker in broker "
+                                              f"{self.broker_id}'s metadata")
+        if req.replica_epoch != known:
+            return E.StaleBrokerEpochError(f"fetch from replica {req.replica_id} with broker epoch "
+                                           f"{req.replica_epoch}; its current epoch is {known}")
+        return None
+
+    @staticmethod
+    def _check_follower_of(part: Partition, replica_id: int, follower_error: E.ReplikafkaError | None) -> None:
+        """Refuse (changing nothing: no follower state, HW or ISR effect) a follower fetch from
+        a broker not in its current epoch or not assigned to this partition."""
+        if follower_error is not None:
+            raise follower_error
+        if replica_id not in part.replicas or replica_id == part.broker_id:
+            raise E.NotLeaderOrFollowerError(f"{part.topic}-{part.partition}: broker {replica_id} is not a follower "
+                                             f"of it (replicas {list(part.replicas)})")
 
     # ------------------------------------------------------------ offsets
     def list_offsets(self, req: pb.ListOffsetsRequest) -> pb.ListOffsetsResponse:

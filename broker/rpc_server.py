@@ -38,6 +38,7 @@ from kazoo.exceptions import KazooException
 
 from replikafka import errors as E
 from replikafka.broker import replica_fetch_codec
+from replikafka.broker.wire_limits import WireLimits, check_request_entries
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import abort, to_pb
 
@@ -230,6 +231,7 @@ class RpcPipeline:
         self.gate = gate or OpenGate()
         self.observer = observer or NoObserver()
         self.problems = problem_log or RateLimitedLog(log)
+        self.limits = getattr(servicer, "limits", None) or WireLimits()   # max.request.entries
 
     def handler(self) -> grpc.GenericRpcHandler:
         by_path = {}
@@ -253,6 +255,7 @@ class RpcPipeline:
                                   spec.name, context.peer(), request.size, request.reason)
                 raise E.InvalidRequestError(f"malformed {spec.name} request ({request.size} bytes): "
                                             f"{request.reason}")
+            check_request_entries(request, self.limits)
             principal = self.gate.authenticate(self.listener, context)
             ctx = RequestContext(spec.name, self.listener, context.peer(), principal, context, self.gate)
             self.gate.authorize(ctx, spec, request)
@@ -309,6 +312,7 @@ class BrokerServicer:
         self.broker = broker
         self.rm = broker.replica_manager
         self.admin = broker.admin_manager
+        self.limits = WireLimits.from_config(broker.config)
 
     def Metadata(self, request, ctx: RequestContext):
         """Lists only the topics the caller may Describe: a named topic it may not is
@@ -376,19 +380,37 @@ class BrokerServicer:
     def ElectLeaders(self, request, ctx: RequestContext):
         self.admin.elect_leaders(request)
 
-    def LeaderAndIsr(self, request, ctx: RequestContext):
+    def _controller_refusal(self, request) -> E.ReplikafkaError | None:
+        """Why a controller request is not obeyed (control_plane_guard: its controller and
+        epoch as ZooKeeper says, then the epoch this broker has seen), or None."""
         try:
-            return self.rm.leader_and_isr(request)
+            self.broker.control_guard.check_controller(request.controller_id, request.controller_epoch)
+            self.rm.check_controller_epoch(request.controller_epoch)
+        except (E.StaleControllerEpochError, E.InvalidRequestError) as exc:
+            log.warning("%s refused: %s", type(request).__name__, exc)
+            return exc
+        return None
+
+    def LeaderAndIsr(self, request, ctx: RequestContext):
+        refusal = self._controller_refusal(request)
+        if refusal is not None:
+            return pb.LeaderAndIsrResponse(error=to_pb(refusal))
+        request, refused = self.broker.control_guard.filter_leader_and_isr(request)
+        try:
+            out = self.rm.leader_and_isr(request)
         except E.StaleControllerEpochError as exc:
             return pb.LeaderAndIsrResponse(error=to_pb(exc))
+        out.partitions.extend(refused)
+        return out
 
     def UpdateMetadata(self, request, ctx: RequestContext):
-        try:
-            self.rm.check_controller_epoch(request.controller_epoch)
-        except E.StaleControllerEpochError as exc:
-            return pb.UpdateMetadataResponse(error=to_pb(exc))
+        refusal = self._controller_refusal(request)
+        if refusal is not None:
+            return pb.UpdateMetadataResponse(error=to_pb(refusal))
+        guard = self.broker.control_guard
+        request = guard.filter_update_metadata(request, self.broker.metadata.topic_names())
         self.broker.metadata.update(request)
-        self.rm.remove_unassigned(request)
+        self.rm.remove_unassigned(request, lambda tps: guard.deletable_here(self.rm.broker_id, tps))
         self.rm.notify_data()
         return pb.UpdateMetadataResponse()
 
@@ -400,7 +422,13 @@ class BrokerServicer:
             remaining=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in remaining])
 
     def StopReplica(self, request, ctx: RequestContext):
+        refusal = self._controller_refusal(request)
+        if refusal is not None:
+            return pb.StopReplicaResponse(error=to_pb(refusal))
+        request, refused = self.broker.control_guard.filter_stop_replica(request, self.rm.broker_id)
         try:
-            return self.rm.stop_replica(request)
+            out = self.rm.stop_replica(request)
         except E.StaleControllerEpochError as exc:
             return pb.StopReplicaResponse(error=to_pb(exc))
+        out.partitions.extend(refused)
+        return out

@@ -39,8 +39,10 @@ from replikafka.broker.controller.controller_events import SessionReestablished,
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.storage.fileio import atomic_write_bytes
 from replikafka.broker.startup_failure import check_port_free, startup_failure_line
+from replikafka.broker.control_plane_guard import ControlPlaneGuard
 from replikafka.broker.storage.log_manager import LogManager
 from replikafka.broker.security import BrokerSecurity
+from replikafka.broker.wire_limits import WireLimits
 from replikafka.broker.zk_store import PERSISTENT_PATHS, ZkStore
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
@@ -136,6 +138,7 @@ class BrokerServer:
         self.session_lost = threading.Event()
         self.session_back = threading.Event()
         self.http = None   # the metrics.listener HTTP server (broker/http_server.py)
+        self.broker_epoch = -1     # czxid of our registration, once registered (KIP-380)
 
     # ------------------------------------------------------------ start
     def start(self) -> None:
@@ -162,13 +165,15 @@ class BrokerServer:
                           max_bytes=cfg.get("replica.fetch.max.bytes"),
                           response_max_bytes=cfg.get("replica.fetch.response.max.bytes"),
                           backoff_ms=cfg.get("replica.fetch.backoff.ms"),
-                          request_timeout_s=cfg.get("request.timeout.ms") / 1000.0)
+                          request_timeout_s=cfg.get("request.timeout.ms") / 1000.0,
+                          broker_epoch=lambda: self.broker_epoch)
         self.fetchers = ReplicaFetcherManager(self.broker_id, cfg.get("num.replica.fetchers"),
                                               lambda tp: self.replica_manager.get(tp), self._leader_endpoint,
                                               **fetch_opts)
         self.replica_manager = ReplicaManager(self.broker_id, cfg, self.logs, self.store, self.metadata,
                                               self.fetchers, self.clock, stats=self.metrics.replica_stats)
         self.admin_manager = AdminManager(cfg, self.store, self.metadata)
+        self.control_guard = ControlPlaneGuard(self.store, WireLimits.from_config(cfg))
         self._serve_grpc()
         self.http = start_http(self)
         if self.http is not None:
@@ -254,7 +259,7 @@ class BrokerServer:
                 futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"rpc-{listener.protocol}"),
                 maximum_concurrent_rpcs=self.config.get("queued.max.requests"),
                 options=[("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
-                         ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+                         ("grpc.max_receive_message_length", self.config.get("socket.request.max.bytes")),
                          ("grpc.so_reuseport", 0)])
             pipeline = RpcPipeline(servicer, listener.protocol, self.request_gate, self.request_observer)
             server.add_generic_rpc_handlers((pipeline.handler(),))

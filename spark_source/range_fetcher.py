@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from replikafka import errors as E
 from replikafka.client.connection import result_of
@@ -46,6 +45,7 @@ from replikafka.client.flight_reader import FLIGHT_PROTOCOL
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.flight_ticket import INT32_MAX, PartitionTicket
 from replikafka.protocol.rpc_errors import from_pb
+from replikafka.records import decode_untrusted
 from replikafka.spark.offsets_planning import DataLossError, OffsetRange, TopicPartition
 
 #: How long the broker may hold a fetch for data that is not committed yet.
@@ -136,15 +136,16 @@ class _FlightCall:
         self.future.cancel()
 
 
-def _answer_batches(part) -> tuple[list, int]:
-    """(batches, bytes) of one answer: Flight's as received, Fetch's decoded in place."""
+def _answer_batches(part, where: str) -> tuple[list, int]:
+    """(batches, bytes) of one answer: Flight's as received, Fetch's decoded in place and
+    fully validated (CorruptRecordError naming the problem otherwise)."""
     batches = getattr(part, "batches", None)
     if batches is not None:
         return batches, part.nbytes
     records = part.records if part.record_count else b""     # upb copies on every access: once
     if not records:
         return [], 0
-    return list(ipc.open_stream(pa.py_buffer(records))), len(records)
+    return decode_untrusted(records, where)[1], len(records)
 
 
 @dataclass
@@ -267,7 +268,14 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
                 transport.refresh([tp[0]])
                 pause()
                 continue
-            batches, nbytes = _answer_batches(part)
+            try:  # a batch that is not valid Arrow fails this partition's read, named, never the process
+                batches, nbytes = _answer_batches(part, where())
+            except E.CorruptRecordError as exc:
+                last = str(exc)
+                stats.retries += 1
+                stats.errors.append(exc.code)
+                pause()
+                continue
             if not batches:
                 # At or above this leader's HW: committed at planning, not readable here yet.
                 stats.waits += 1

@@ -76,7 +76,7 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
 from replikafka import errors as E
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import from_pb
-from replikafka.records import encode_stream, schema_from_bytes, schema_to_bytes
+from replikafka.records import encode_stream, records_crc32c, schema_from_bytes, schema_to_bytes
 from replikafka.spark.arrow_convert import SchemaError, check_sink_input, route_partitions, to_stored_batch
 from replikafka.spark.cluster_access import ClusterClient, client_for
 from replikafka.spark.options import OptionError, SinkOptions
@@ -229,6 +229,7 @@ class ChunkSender:
         target, _epoch = leader
         request = pb.ProduceRequest(acks=-1, timeout_ms=PRODUCE_TIMEOUT_MS, partitions=[pb.PartitionProduceData(
             topic=chunk.topic, partition=chunk.partition, records=chunk.payload,
+            records_crc32c=records_crc32c(chunk.payload),
             producer_id=chunk.producer_id, producer_epoch=0, base_sequence=0)])
         call = self.client.pool.call_async(target, "Produce", request, PRODUCE_TIMEOUT_MS / 1000 + 5)
         self.inflight[tp] = (chunk, call, target, deadline, backoff)

@@ -693,7 +693,7 @@ class Controller:
             raise E.NotControllerError(f"broker {self.broker_id} is not the controller any more")
         if b not in ctx.live:
             raise E.BrokerNotAvailableError(f"broker {b} is not registered")
-        if broker_epoch >= 0 and ctx.broker_epochs.get(b) != broker_epoch:
+        if ctx.broker_epochs.get(b) != broker_epoch:  # always: -1 or any made-up epoch is refused
             raise E.StaleBrokerEpochError(f"broker {b}: epoch {broker_epoch} is not the registered "
                                           f"{ctx.broker_epochs.get(b)} (an older incarnation?)")
         if b not in ctx.shutting_down:
@@ -815,7 +815,8 @@ class Controller:
 
     # ------------------------------------------------------------ requests to brokers
     def _endpoints(self) -> list[pb.BrokerEndpoint]:
-        return [pb.BrokerEndpoint(id=b, host=h, port=p, endpoints=self.ctx.endpoints.get(b, ()))
+        return [pb.BrokerEndpoint(id=b, host=h, port=p, endpoints=self.ctx.endpoints.get(b, ()),
+                                  broker_epoch=self.ctx.broker_epochs.get(b, 0))
                 for b, (h, p) in sorted(self.ctx.live.items())]
 
     def _partition_state_pb(self, tp: TP) -> pb.PartitionState | None:

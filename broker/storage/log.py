@@ -621,7 +621,7 @@ class Log:
         for seg in self._segments_from(view, start):
             if offset >= end:
                 break
-            for ref in seg.batches_from(offset, end):
+            for ref in seg.batches_from(offset, end, verify_crc=True):  # readers never get a rotten batch
                 if out and size + ref.size > max_bytes:
                     return StoredReadResult(out, min(offset, end), size, last)
                 out.append(StoredBatch(ref.base_offset, ref.record_count, ref.batch, seg.message(ref)))

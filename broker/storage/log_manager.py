@@ -34,11 +34,13 @@ import os
 import re
 import shutil
 import threading
+import time
 from typing import Callable
 
 import pyarrow as pa
 
 from replikafka.errors import InvalidTopicError, StorageError, UnknownTopicOrPartitionError
+from replikafka.records import validate_topic_name
 
 from .checkpoints import (LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
                           REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpointFile, TopicPartition)
@@ -52,8 +54,10 @@ log = logging.getLogger(__name__)
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 LOCK_FILE = ".lock"
 CLOSE_THREADS = 8          # logs flushed in parallel by close() (their fsyncs overlap)
-_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
-_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_PARTITION_DIR = re.compile(r"^(.+)-(\d{1,9})$")
+#: Suffix of a directory found in a log dir that is not a partition log: moved aside, never loaded.
+STRAY_SUFFIX = "-stray"
+_NOT_LOGS = ("lost+found",)
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -61,10 +65,28 @@ def partition_dir_name(topic: str, partition: int) -> str:
 
 
 def parse_partition_dir(name: str) -> TopicPartition | None:
+    """(topic, partition) of a partition log dir name; None if the name is not one
+    (the topic by Kafka's rule, the same check every wire entry point makes)."""
     m = _PARTITION_DIR.match(name)
-    if not m or name.endswith("-delete") or not _TOPIC_NAME.match(m.group(1)):
+    if not m or name.endswith("-delete"):
+        return None
+    try:
+        validate_topic_name(m.group(1))
+    except InvalidTopicError:
         return None
     return m.group(1), int(m.group(2))
+
+
+def _move_aside(parent: str, name: str) -> None:
+    """A directory that is not a partition log: log it and rename it out of the way, so a
+    bad name never stops the broker from starting (and is never loaded or deleted)."""
+    src = os.path.join(parent, name)
+    dst = os.path.join(parent, f"{name}.{int(time.time() * 1000)}{STRAY_SUFFIX}")
+    try:
+        os.rename(src, dst)
+        log.error("%s is not a partition log (<topic>-<partition>): moved aside to %s", src, dst)
+    except OSError as exc:
+        log.error("%s is not a partition log and cannot be moved aside (%s): ignored", src, exc)
 
 
 class _LogDir:
@@ -145,8 +167,11 @@ class LogManager:
             if name.endswith("-delete"):
                 shutil.rmtree(full, ignore_errors=True)     # a deletion interrupted by a crash
                 continue
+            if name.endswith(STRAY_SUFFIX) or name in _NOT_LOGS:
+                continue
             tp = parse_partition_dir(name)
             if tp is None:
+                _move_aside(d.path, name)
                 continue
             if tp in self._logs:
                 raise StorageError(f"partition {tp} has a log in both {self._log_dir_of[tp].path} "
@@ -188,8 +213,9 @@ class LogManager:
     def get_or_create_log(self, topic: str, partition: int, schema: pa.Schema,
                           config: LogConfig | None = None) -> Log:
         """The partition's log, created empty in the least-loaded log dir if absent."""
-        if not _TOPIC_NAME.match(topic) or partition < 0:
-            raise InvalidTopicError(f"illegal topic/partition {topic!r}/{partition}")
+        validate_topic_name(topic)
+        if partition < 0:
+            raise InvalidTopicError(f"illegal partition {topic!r}/{partition}")
         with self._lock:
             self._check_open()
             tp = (topic, partition)

@@ -382,12 +382,14 @@ class LogSegment:
         return self._map(self.size)
 
     def batches_from(self, offset: int, end_offset: int | None = None,
-                     limit: int | None = None) -> Iterator[StoredBatchRef]:
+                     limit: int | None = None, verify_crc: bool = False) -> Iterator[StoredBatchRef]:
         """Stored batches from the one containing `offset`, stopping before `end_offset`
         and before position `limit` (default: the committed data end).
 
         Starts at the offset index entry at or below `offset` and frames forward
-        with Arrow (the bytes were validated when appended or recovered)."""
+        with Arrow (the bytes were validated when appended or recovered). With
+        `verify_crc`, each batch yielded is first checked against its stored CRC
+        (bit rot since then raises CorruptRecordError, not a crash further on)."""
         limit = self.data_end if limit is None else limit
         end_offset = self.next_offset if end_offset is None else end_offset
         entry = self.offset_index.lookup(offset)
@@ -403,6 +405,8 @@ class LogSegment:
             batch, size = got
             n = batch.num_rows
             if base + n > offset:
+                if verify_crc:
+                    bf.check_stored_crc(buf, pos, pos + size, f"{self.path} position {pos}")
                 yield StoredBatchRef(base, n, pos, size, batch)
             base += n
             pos += size

@@ -13,11 +13,12 @@ import re
 import time
 from typing import Any, Iterable
 
+import crc32c as _crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from replikafka.errors import InvalidSchemaError, InvalidTopicError
+from replikafka.errors import CorruptRecordError, InvalidSchemaError, InvalidTopicError
 
 HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 KAFKA_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("headers", HEADER_TYPE)])
@@ -56,8 +57,17 @@ def schema_to_bytes(schema: pa.Schema) -> bytes:
     return schema.serialize().to_pybytes()
 
 
+#: What pyarrow raises on bytes that are not what they claim (untrusted input).
+ARROW_DECODE_ERRORS = (pa.ArrowException, OSError, ValueError, TypeError, IndexError, SystemError)
+
+
 def schema_from_bytes(data: bytes) -> pa.Schema:
-    return ipc.read_schema(pa.py_buffer(data))
+    """An Arrow IPC schema message; InvalidSchemaError naming the problem if it is not one."""
+    try:
+        return ipc.read_schema(pa.py_buffer(data))
+    except ARROW_DECODE_ERRORS as exc:
+        raise InvalidSchemaError(f"the schema is not an Arrow IPC schema message ({len(data)} bytes): "
+                                 f"{type(exc).__name__}: {exc}") from None
 
 
 def validate_topic_schema(schema: pa.Schema) -> pa.Schema:
@@ -254,6 +264,52 @@ def decode_stream(data) -> tuple[pa.Schema, list[pa.RecordBatch]]:
     buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     reader = ipc.open_stream(buf)
     return reader.schema, list(reader)
+
+
+def records_crc32c(payload) -> int:
+    """CRC-32C (Castagnoli) of a produce payload: the producer sends it with the
+    records (``PartitionProduceData.records_crc32c``), the leader checks it."""
+    return _crc32c.crc32c(payload)
+
+
+def decode_produced(data: bytes, crc32c_sent: int | None, where: str) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+    """The leader's decoding of a produced payload (untrusted bytes), before anything
+    is stored: the producer's CRC-32C must match, the payload must be exactly one
+    Arrow IPC stream (nothing after its end), and every batch must pass Arrow's full
+    validation (buffer sizes, offsets, null counts, UTF-8). Raises CorruptRecordError
+    naming the first problem. Zero-copy over ``data``."""
+    if crc32c_sent is None:
+        raise CorruptRecordError(f"{where}: the produce carries no records_crc32c (the producer computes the "
+                                 f"CRC-32C of its records; the leader refuses records it cannot check)")
+    crc = _crc32c.crc32c(data)
+    if crc != crc32c_sent:
+        raise CorruptRecordError(f"{where}: CRC-32C mismatch: the producer sent {crc32c_sent:08x}, "
+                                 f"the {len(data)} bytes received hash to {crc:08x}")
+    return decode_untrusted(data, where)
+
+
+def decode_untrusted(data, where: str) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+    """Decode bytes from the wire that must be exactly one Arrow IPC stream whose
+    batches all pass Arrow's full validation; CorruptRecordError naming the first
+    problem otherwise (never an Arrow exception or a crash further on). Zero-copy."""
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    source = pa.BufferReader(buf)
+    try:
+        reader = ipc.open_stream(source)
+        schema, batches = reader.schema, list(reader)
+    except ARROW_DECODE_ERRORS as exc:
+        raise CorruptRecordError(f"{where}: records are not an Arrow IPC stream: {type(exc).__name__}: {exc}") \
+            from None
+    end = source.tell()
+    if end != buf.size:
+        raise CorruptRecordError(f"{where}: {buf.size - end} bytes follow the end of the Arrow IPC stream at "
+                                 f"byte {end} (two streams in one entry?); send one stream per partition entry")
+    for i, b in enumerate(batches):
+        try:
+            b.validate(full=True)
+        except ARROW_DECODE_ERRORS as exc:
+            raise CorruptRecordError(f"{where}: record batch {i} is not valid Arrow: {exc}") from None
+    return schema, batches
 
 
 def conform_batch(batch: pa.RecordBatch, expected: pa.Schema, topic: str) -> pa.RecordBatch:

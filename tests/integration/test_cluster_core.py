@@ -200,7 +200,8 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(cluster3):
     with grpc.insecure_channel(cluster3.address(leader), options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
         stub = pbg.ReplikafkaStub(ch)
         resp = stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=5000, partitions=[pb.PartitionProduceData(
-            topic="typed", partition=0, records=replikafka.records.encode_stream(huge.schema, [huge]).to_pybytes())]),
+            topic="typed", partition=0, records=(huge_payload := replikafka.records.encode_stream(
+                huge.schema, [huge]).to_pybytes()), records_crc32c=replikafka.records.records_crc32c(huge_payload))]),
             timeout=30)
         assert resp.partitions[0].error.code == "MESSAGE_TOO_LARGE"
         # Garbage where Arrow IPC should be.

@@ -14,6 +14,7 @@ of I/O threads owned by the consumer.
 """
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, NamedTuple
@@ -30,8 +31,9 @@ from replikafka.client.offsets import EARLIEST, LATEST, TopicPartition, ensure_p
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.flight_ticket import PartitionTicket
 from replikafka.protocol.rpc_errors import from_pb
-from replikafka.records import RESERVED_NAMES, TIMESTAMP_TYPE, decode_stream
+from replikafka.records import RESERVED_NAMES, TIMESTAMP_TYPE, decode_untrusted
 
+log = logging.getLogger("replikafka.consumer")
 __all__ = ["Consumer", "OffsetAndTimestamp", "output_schema", "records_to_table"]
 
 _RESET_POLICIES = ("earliest", "latest", "none")
@@ -73,7 +75,7 @@ def records_to_table(records: bytes, records_base_offset: int, fetch_offset: int
     or beyond ``high_watermark`` are dropped. Returns ``(table or None, next offset)``."""
     if not records:
         return None, fetch_offset
-    stream_schema, batches = decode_stream(records)
+    stream_schema, batches = decode_untrusted(records, f"fetched records of {topic}-{partition}")
     n = sum(b.num_rows for b in batches)
     first = max(fetch_offset, records_base_offset)
     end = min(records_base_offset + n, high_watermark)
@@ -427,8 +429,13 @@ class Consumer:
                 if perr is None:
                     if r.high_watermark >= 0:   # -1: a new leader that does not know it yet (KIP-207)
                         self._highwater[tp] = r.high_watermark
-                    table, nxt = records_to_table(r.records, r.records_base_offset, fetch_offset, r.high_watermark,
-                                                  r.topic, r.partition, self._schemas[r.topic])
+                    try:
+                        table, nxt = records_to_table(r.records, r.records_base_offset, fetch_offset,
+                                                      r.high_watermark, r.topic, r.partition, self._schemas[r.topic])
+                    except E.CorruptRecordError as exc:  # this partition only: the others' records are kept
+                        log.warning("%s", exc)
+                        trouble = True
+                        continue
                     if table is not None:
                         tables.append(table)
                         self._positions[tp] = nxt

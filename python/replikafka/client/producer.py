@@ -32,7 +32,7 @@ from replikafka.client.partitioner import partition_for_key
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import from_pb
 from replikafka.protocol.produce_wire import PRODUCE_PATH, encode_produce_request
-from replikafka.records import encode_stream, to_record_batch
+from replikafka.records import encode_stream, records_crc32c, to_record_batch
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 # Pieces are measured as IPC messages; joining several into one batch can
@@ -467,7 +467,8 @@ class Producer:
                 topic=b.tp[0], partition=b.tp[1],
                 producer_id=b.producer_id if self._idempotent else -1,
                 producer_epoch=b.producer_epoch if self._idempotent else -1,
-                base_sequence=b.sequence if self._idempotent else -1), b.payload))
+                base_sequence=b.sequence if self._idempotent else -1,
+                records_crc32c=records_crc32c(b.payload)), b.payload))
         # The payloads go into the request bytes once (protobuf's own path copies them twice).
         request = encode_produce_request(self._acks, self._request_timeout_ms, entries)
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.partition import Partition
 from replikafka.broker.replica_manager import DEBUGGING_REPLICA_ID, ReplicaManager
 from replikafka.broker.storage import Log, LogConfig, ManualClock
@@ -35,13 +36,17 @@ def manager_with(tmp_path, role: str) -> tuple[ReplicaManager, Partition]:
         leader_log.append([batch(0, 4)], leader_epoch=3)
         leader_log.append([batch(4, 6)], leader_epoch=3)
         part.append_as_follower(leader_log.read_raw(0, 1 << 20).data, leader_hw=4, expected_epoch=3)
-    rm = ReplicaManager(1, None, None, None, None, None, clock)
+    metadata = MetadataCache()
+    metadata.broker_epochs = {1: 100, 2: 200, 3: 300}     # as the controller's UpdateMetadata gives them
+    rm = ReplicaManager(1, None, None, None, metadata, None, clock)
     rm.partitions[("t", 0)] = part
     return rm, part
 
 
-def fetch(rm, replica_id: int, offset: int):
-    req = pb.FetchRequest(replica_id=replica_id, max_wait_ms=0, partitions=[
+def fetch(rm, replica_id: int, offset: int, replica_epoch: int | None = None):
+    if replica_epoch is None:
+        replica_epoch = replica_id * 100 if replica_id > 0 else 0
+    req = pb.FetchRequest(replica_id=replica_id, replica_epoch=replica_epoch, max_wait_ms=0, partitions=[
         pb.FetchPartition(topic="t", partition=0, fetch_offset=offset, current_leader_epoch=-1,
                           partition_max_bytes=1 << 20)])
     resp, _size, _err = rm._fetch_once(req, None)
@@ -85,4 +90,24 @@ def test_on_the_leader_it_is_not_a_follower_fetch(tmp_path):
     assert {r: vars(p) for r, p in part.leader_state.progress.items()} == before
     # whereas a follower's fetch at 10 acknowledges everything
     fetch(rm, 2, 10)
+    assert part.hw == 10
+
+
+def test_a_follower_fetch_is_served_only_to_assigned_replicas_in_their_current_epoch(tmp_path):
+    """KIP-380: a fetch claiming an unassigned replica, a stale or made-up broker epoch,
+    or an unknown broker is refused, named, and changes nothing (no follower state, HW
+    or ISR effect)."""
+    rm, part = manager_with(tmp_path, "leader")
+    before = {r: vars(p).copy() for r, p in part.leader_state.progress.items()}
+    for replica_id, epoch, code in [(3, 300, "NOT_LEADER_OR_FOLLOWER"),     # live, but not a replica of t-0
+                                    (2, 199, "STALE_BROKER_EPOCH"),         # an older incarnation of broker 2
+                                    (2, 0, "STALE_BROKER_EPOCH"),           # no epoch at all
+                                    (9, 900, "NOT_LEADER_OR_FOLLOWER"),     # not a live broker
+                                    (1, 100, "NOT_LEADER_OR_FOLLOWER")]:    # the leader itself
+        r = fetch(rm, replica_id, 10, epoch)
+        assert r.error.code == code, (replica_id, epoch, r.error)
+        assert not r.records and r.record_count == 0
+    assert part.hw == 0 and part.isr == (1, 2)
+    assert {r: vars(p) for r, p in part.leader_state.progress.items()} == before
+    fetch(rm, 2, 10, 200)                          # the real follower, in its epoch
     assert part.hw == 10

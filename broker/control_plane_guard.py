@@ -1,0 +1,188 @@
+"""Controller requests checked against ZooKeeper before a broker obeys them.
+
+A LeaderAndIsr, UpdateMetadata or StopReplica names its controller's id and
+epoch. The epoch the broker already knows is trusted; an older one is refused
+(STALE_CONTROLLER_EPOCH, as before); a newer one is adopted only after
+ZooKeeper confirms it: ``/controller_epoch`` holds that epoch and
+``/controller`` names that ``controller_id``. Then only the entries ZooKeeper's
+assignment knows are applied: partitions of topics ``/brokers/topics`` lists,
+with a partition id that topic has, and (UpdateMetadata) live brokers
+registered under ``/brokers/ids`` at their registered address. Everything else
+is refused per entry, named, and changes nothing. Names and sizes are checked
+first, by :mod:`wire_limits`. These checks hold with or without
+authentication.
+
+The ZooKeeper reads go through a narrow :class:`ClusterTruth` (tests script
+it); the decisions are pure functions. Thread-safe: the confirmed epoch is
+kept under a lock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Protocol
+
+from replikafka import errors as E
+from replikafka.broker import wire_limits as W
+from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol.rpc_errors import to_pb
+
+log = logging.getLogger("replikafka.control_plane")
+
+
+class ClusterTruth(Protocol):
+    """What ZooKeeper says (broker/zk_store.ZkStore has these methods)."""
+
+    def controller_epoch(self) -> tuple[int, int]: ...
+    def get_controller_id(self) -> int: ...
+    def get_assignment(self, topic: str) -> dict[int, list[int]] | None: ...
+    def live_brokers(self, epochs: dict[int, int] | None = None) -> dict[int, tuple[str, int]]: ...
+    def topics_pending_deletion(self) -> list[str]: ...
+    def get_reassignment(self) -> dict[tuple[str, int], list[int]]: ...
+
+
+class ControlPlaneGuard:
+    def __init__(self, truth: ClusterTruth, limits: W.WireLimits):
+        self.truth = truth
+        self.limits = limits
+        self.lock = threading.Lock()
+        self.confirmed: tuple[int, int] = (-1, -1)    # (controller epoch, controller id) ZooKeeper confirmed
+
+    def check_controller(self, controller_id: int, controller_epoch: int) -> None:
+        """Raise unless (controller_id, controller_epoch) is the controller ZooKeeper names
+        (checked there once per new epoch). An older epoch is STALE_CONTROLLER_EPOCH."""
+        with self.lock:
+            known_epoch, known_id = self.confirmed
+            if controller_epoch < known_epoch:
+                raise E.StaleControllerEpochError(
+                    f"controller epoch {controller_epoch} is older than {known_epoch} already confirmed")
+            if (controller_epoch, controller_id) == self.confirmed:
+                return
+        zk_epoch, _version = self.truth.controller_epoch()
+        zk_id = self.truth.get_controller_id()
+        if zk_epoch != controller_epoch or zk_id != controller_id:
+            if controller_epoch < zk_epoch:
+                raise E.StaleControllerEpochError(
+                    f"controller {controller_id} epoch {controller_epoch}: ZooKeeper's controller epoch is "
+                    f"{zk_epoch} (controller {zk_id})")
+            raise E.InvalidRequestError(
+                f"refused: the request claims controller {controller_id} epoch {controller_epoch}, ZooKeeper says "
+                f"controller {zk_id} epoch {zk_epoch}")
+        with self.lock:
+            if controller_epoch >= self.confirmed[0]:
+                self.confirmed = (controller_epoch, controller_id)
+
+    # ---- per-entry filters ----------------------------------------------------------
+    def _assignments(self, topics) -> dict[str, dict[int, list[int]] | None]:
+        return {t: self.truth.get_assignment(t) for t in set(topics)}
+
+    def _partition_error(self, topic: str, partition: int, assignments) -> E.ReplikafkaError | None:
+        assignment = assignments.get(topic)
+        if assignment is None:
+            return E.UnknownTopicOrPartitionError(f"topic {topic!r} is not in ZooKeeper's assignment")
+        if partition not in assignment:
+            return E.UnknownTopicOrPartitionError(f"{topic}-{partition} is not in ZooKeeper's assignment")
+        return None
+
+    def filter_leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> tuple[pb.LeaderAndIsrRequest, list]:
+        """The request with only the legal entries ZooKeeper knows, and PartitionErrors for the rest."""
+        errors: list[pb.PartitionError] = []
+        topics = [t for t in req.topics if self._topic_ok(t)]
+        assignments = self._assignments([s.topic for s in req.partitions if W.partition_state_error(
+            s, self.limits) is None])
+        kept = []
+        for s in req.partitions:
+            err = W.partition_state_error(s, self.limits) or self._partition_error(s.topic, s.partition, assignments)
+            if err is None and sorted(s.replicas) != sorted(assignments[s.topic][s.partition]) and \
+                    not set(assignments[s.topic][s.partition]) & set(s.replicas):
+                err = E.InvalidRequestError(f"{s.topic}-{s.partition}: replicas {list(s.replicas)} share none with "
+                                            f"ZooKeeper's {assignments[s.topic][s.partition]}")
+            if err is None:
+                kept.append(s)
+            else:
+                errors.append(pb.PartitionError(topic=s.topic, partition=s.partition, error=to_pb(err)))
+        self._log_refused("LeaderAndIsr", req.controller_id, errors)
+        out = pb.LeaderAndIsrRequest(controller_id=req.controller_id, controller_epoch=req.controller_epoch,
+                                     partitions=kept, live_leaders=[b for b in req.live_leaders
+                                                                    if W.endpoint_error(b) is None],
+                                     topics=[t for t in topics if t.name in assignments and assignments[t.name]
+                                             is not None])
+        return out, errors
+
+    def filter_stop_replica(self, req: pb.StopReplicaRequest, broker_id: int
+                            ) -> tuple[pb.StopReplicaRequest, list]:
+        """The legal entries, and PartitionErrors for the rest. With ``delete_partitions``
+        a replica is deleted only if ZooKeeper agrees it must go: its topic is marked
+        for deletion, or ZooKeeper's assignment no longer gives it to ``broker_id``, or
+        a running reassignment moves it away (the controller stops the old replicas
+        before it writes the final assignment). A forged delete of a live, assigned
+        replica is refused and deletes nothing."""
+        errors: list[pb.PartitionError] = []
+        kept = []
+        legal = []
+        for ref in req.partitions:
+            try:
+                W.check_topic_partition(ref.topic, ref.partition, self.limits)
+                legal.append(ref)
+            except E.ReplikafkaError as exc:
+                errors.append(pb.PartitionError(topic=ref.topic, partition=ref.partition, error=to_pb(exc)))
+        if req.delete_partitions and legal:
+            deleting = set(self.truth.topics_pending_deletion())
+            moving = self.truth.get_reassignment()
+            assignments = self._assignments([r.topic for r in legal if r.topic not in deleting])
+            for ref in legal:
+                tp = (ref.topic, ref.partition)
+                assigned = (assignments.get(ref.topic) or {}).get(ref.partition, ())
+                if ref.topic in deleting or broker_id not in assigned or \
+                        (tp in moving and broker_id not in moving[tp]):
+                    kept.append(ref)
+                else:
+                    errors.append(pb.PartitionError(topic=ref.topic, partition=ref.partition, error=to_pb(
+                        E.InvalidRequestError(f"refused to delete {ref.topic}-{ref.partition}: ZooKeeper still "
+                                              f"assigns it to broker {broker_id} ({list(assigned)})"))))
+        else:
+            kept = legal
+        self._log_refused("StopReplica", req.controller_id, errors)
+        out = pb.StopReplicaRequest(controller_id=req.controller_id, controller_epoch=req.controller_epoch,
+                                    delete_partitions=req.delete_partitions, partitions=kept)
+        return out, errors
+
+    def deletable_here(self, broker_id: int, tps: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Of these replicas (that an UpdateMetadata says moved away), the ones ZooKeeper agrees to delete."""
+        req = pb.StopReplicaRequest(delete_partitions=True, partitions=[
+            pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps])
+        kept, _errors = self.filter_stop_replica(req, broker_id)
+        return [(r.topic, r.partition) for r in kept.partitions]
+
+    def filter_update_metadata(self, req: pb.UpdateMetadataRequest, cached_topics=()) -> pb.UpdateMetadataRequest:
+        """Only legal entries of topics ZooKeeper knows, and only brokers registered there at
+        the address and epoch given (a forged request cannot point clients elsewhere). A
+        ``full`` update replaces no more than ZooKeeper agrees to: of ``cached_topics`` only
+        those ZooKeeper no longer has are dropped (a forged empty one wipes nothing)."""
+        epochs: dict[int, int] = {}
+        registered = self.truth.live_brokers(epochs=epochs)
+        brokers = [b for b in req.live_brokers if W.endpoint_error(b) is None
+                   and registered.get(b.id) == (b.host, b.port) and epochs.get(b.id) == b.broker_epoch]
+        states = [s for s in req.partitions if W.partition_state_error(s, self.limits) is None]
+        assignments = self._assignments([s.topic for s in states] + [t.name for t in req.topics
+                                                                    if self._topic_ok(t)])
+        kept = [s for s in states if self._partition_error(s.topic, s.partition, assignments) is None]
+        topics = [t for t in req.topics if self._topic_ok(t) and assignments.get(t.name) is not None]
+        dropped = (len(req.live_brokers) - len(brokers), len(req.partitions) - len(kept), len(req.topics) - len(topics))
+        if any(dropped):
+            log.warning("UpdateMetadata from controller %d: ignored %d brokers, %d partitions, %d topics that "
+                        "ZooKeeper does not know (or that are not legal)", req.controller_id, *dropped)
+        named = set(req.deleted_topics) | (set(cached_topics) - {t.name for t in topics} if req.full else set())
+        deleted = [t for t in sorted(named) if self.truth.get_assignment(t) is None]
+        return pb.UpdateMetadataRequest(controller_id=req.controller_id, controller_epoch=req.controller_epoch,
+                                        partitions=kept, live_brokers=brokers, topics=topics,
+                                        deleted_topics=deleted, full=False)
+
+    def _topic_ok(self, t: pb.TopicInfo) -> bool:
+        return W.topic_info_error(t, self.limits) is None
+
+    @staticmethod
+    def _log_refused(what: str, controller_id: int, errors: list) -> None:
+        if errors:
+            log.warning("%s from controller %d: %d entries refused, first %s-%d: %s", what, controller_id,
+                        len(errors), errors[0].topic, errors[0].partition, errors[0].error.message)

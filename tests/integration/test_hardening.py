@@ -1,0 +1,193 @@
+"""Hardening against real processes (issue 10): corrupt produced batches refused at
+the leader, limits on what arrives from the wire, forged controller requests refused
+with state unchanged, bad directory names moved aside at start."""
+from __future__ import annotations
+
+import json
+import os
+
+import grpc
+import pyarrow as pa
+import pytest
+
+import replikafka
+from cluster_helpers import kafka_batch, read_committed, replica_values, wait_until
+from replikafka import records as R
+from replikafka.protocol import replikafka_pb2 as pb
+from replikafka.protocol import replikafka_pb2_grpc as pbg
+
+pytestmark = pytest.mark.integration
+
+
+def stub(cluster, broker_id):
+    return pbg.ReplikafkaStub(grpc.insecure_channel(cluster.address(broker_id)))
+
+
+def produce_raw(cluster, broker_id, topic, partition, payload, crc="right"):
+    d = pb.PartitionProduceData(topic=topic, partition=partition, records=payload)
+    if crc == "right":
+        d.records_crc32c = R.records_crc32c(payload)
+    elif crc is not None:
+        d.records_crc32c = crc
+    resp = stub(cluster, broker_id).Produce(pb.ProduceRequest(acks=-1, timeout_ms=10_000, partitions=[d]),
+                                            timeout=30)
+    return resp.partitions[0]
+
+
+def bad_offsets_payload() -> bytes:
+    """A Kafka-shaped batch whose value offsets point past its data buffer (what one
+    flipped bit in an offsets buffer does): Arrow's cheap validation passes, full fails."""
+    good = R.to_record_batch([{"key": None, "value": b"abcd", "headers": None}] * 2, R.KAFKA_SCHEMA,
+                             timestamp_ms=1)
+    payload = R.encode_stream(good.schema, [good]).to_pybytes()
+    offsets = (0).to_bytes(4, "little") + (4).to_bytes(4, "little") + (8).to_bytes(4, "little")
+    assert payload.count(offsets) == 1
+    return payload.replace(offsets, offsets[:8] + (4000).to_bytes(4, "little"))
+
+
+def test_corrupt_batches_are_refused_at_the_leader_and_never_stored(cluster3):
+    bs = cluster3.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("integrity", partitions=2, replication_factor=3)
+    producer = replikafka.Producer(bs, acks="all")
+    for p in range(2):
+        producer.send("integrity", kafka_batch([b"before-%d" % p]), partition=p).result(timeout=30)
+    leader = admin.describe_topic("integrity").partitions[0].leader
+    good = R.encode_stream(R.stored_schema(R.KAFKA_SCHEMA), [R.to_record_batch(
+        [{"key": None, "value": b"x", "headers": None}], R.KAFKA_SCHEMA, timestamp_ms=1)]).to_pybytes()
+    flipped = bytearray(good)
+    flipped[-40] ^= 0x01
+    cases = {
+        "no CRC": (good, None, "no records_crc32c"),
+        "CRC mismatch": (bytes(flipped), R.records_crc32c(good), "CRC-32C mismatch"),
+        "bad offsets": (bad_offsets_payload(), "right", "not valid Arrow"),
+        "two streams": (good + good, "right", "follow the end of the Arrow IPC stream"),
+        "garbage": (b"\x00garbage", "right", "not an Arrow IPC stream"),
+    }
+    for what, (payload, crc, words) in cases.items():
+        r = produce_raw(cluster3, leader, "integrity", 0, payload, crc)
+        assert r.error.code == "CORRUPT_MESSAGE" and words in r.error.message, (what, r.error)
+    # A garbage schema at creation: a named error, not UNKNOWN_SERVER_ERROR ArrowInvalid.
+    resp = stub(cluster3, leader).CreateTopic(pb.CreateTopicRequest(name="garbled", partitions=1,
+                                                                    replication_factor=1, schema=b"\x01" * 24),
+                                              timeout=30)
+    assert resp.error.code == "INVALID_RECORD" and "not an Arrow IPC schema" in resp.error.message
+    # Nothing refused was stored anywhere; replication of both partitions carries on (acks=all).
+    for p in range(2):
+        producer.send("integrity", kafka_batch([b"after-%d" % p]), partition=p).result(timeout=30)
+    producer.close()
+    got = read_committed(bs, "integrity", 2)
+    assert sorted(got.values()) == [b"after-0", b"after-1", b"before-0", b"before-1"]
+    for b in cluster3.ids:
+        wait_until(lambda b=b: replica_values(cluster3, b, "integrity", 0) == [b"before-0", b"after-0"],
+                   what=f"broker {b} holds exactly the good records")
+    assert all(cluster3.alive(b) for b in cluster3.ids)
+
+
+def test_sizes_and_names_from_the_wire_are_limited(cluster_factory):
+    cluster = cluster_factory(1, max_partitions_per_topic=1000, max_replication_factor=5)
+    s = stub(cluster, 1)
+    r = s.CreateTopic(pb.CreateTopicRequest(name="huge", partitions=2**31 - 1, replication_factor=1), timeout=30)
+    assert r.error.code == "INVALID_PARTITIONS" and "max.partitions.per.topic" in r.error.message
+    r = s.CreateTopic(pb.CreateTopicRequest(name="wide", partitions=1, replication_factor=1000), timeout=30)
+    assert r.error.code == "INVALID_REPLICATION_FACTOR"
+    for bad in ("", ".", "..", "../../../../tmp/rk-escape", "a" * 250, "sp ace"):
+        r = s.CreateTopic(pb.CreateTopicRequest(name=bad, partitions=1, replication_factor=1), timeout=30)
+        assert r.error.code == "INVALID_TOPIC_EXCEPTION", bad
+    assert s.CreateTopic(pb.CreateTopicRequest(name="ok", partitions=1, replication_factor=1),
+                         timeout=30).error.code == ""
+    r = s.CreatePartitions(pb.CreatePartitionsRequest(name="ok", total_count=2**31 - 1), timeout=30)
+    assert r.error.code == "INVALID_PARTITIONS"
+    names = [t.name for t in s.Metadata(pb.MetadataRequest(all_topics=True), timeout=30).topics]
+    assert names == ["ok"]
+    assert cluster.alive(1)
+
+
+def _zk_controller(cluster):
+    zk = cluster.zk()
+    try:
+        cid = int(json.loads(zk.get("/controller")[0])["brokerid"])
+        epoch = int(zk.get("/controller_epoch")[0])
+        czxid = {b: zk.get(f"/brokers/ids/{b}")[1].czxid for b in cluster.ids}
+        return cid, epoch, czxid
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_forged_controller_requests_are_refused_and_change_nothing(cluster3):
+    bs = cluster3.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("kept", partitions=1, replication_factor=3)
+    producer = replikafka.Producer(bs, acks="all")
+    values = [b"k%d" % i for i in range(300)]
+    producer.send("kept", kafka_batch(values), partition=0).result(timeout=30)
+    cid, epoch, czxid = _zk_controller(cluster3)
+    before = {b: stub(cluster3, b).Metadata(pb.MetadataRequest(all_topics=True), timeout=30) for b in cluster3.ids}
+    state = admin.describe_topic("kept").partitions[0]
+    ghost = pb.TopicInfo(name="ghost", schema=R.schema_to_bytes(R.stored_schema(R.KAFKA_SCHEMA)), partition_count=1)
+    for b in cluster3.ids:
+        s = stub(cluster3, b)
+        # A higher epoch that ZooKeeper does not confirm, and the right epoch with the wrong controller id.
+        for forged_id, forged_epoch in [(cid, epoch + 1000), ((cid % 3) + 1, epoch)]:
+            r = s.LeaderAndIsr(pb.LeaderAndIsrRequest(controller_id=forged_id, controller_epoch=forged_epoch),
+                               timeout=30)
+            assert r.error.code == "INVALID_REQUEST" and "ZooKeeper says" in r.error.message, r.error
+            r = s.UpdateMetadata(pb.UpdateMetadataRequest(controller_id=forged_id, controller_epoch=forged_epoch,
+                                                          full=True), timeout=30)
+            assert r.error.code == "INVALID_REQUEST"
+        # The real controller's id and epoch (they are not secret), with forged content.
+        r = s.StopReplica(pb.StopReplicaRequest(controller_id=cid, controller_epoch=epoch, delete_partitions=True,
+                                                partitions=[pb.TopicPartitionRef(topic="kept", partition=0)]),
+                          timeout=30)
+        assert [e.error.code for e in r.partitions] == ["INVALID_REQUEST"], r
+        r = s.LeaderAndIsr(pb.LeaderAndIsrRequest(controller_id=cid, controller_epoch=epoch, topics=[ghost],
+                                                  partitions=[pb.PartitionState(
+                                                      topic=t, partition=0, controller_epoch=epoch, leader=b,
+                                                      leader_epoch=0, isr=[b], replicas=[b])
+                                                      for t in ("ghost", ".")]), timeout=30)
+        assert sorted(e.error.code for e in r.partitions) == ["INVALID_TOPIC_EXCEPTION",
+                                                             "UNKNOWN_TOPIC_OR_PARTITION"], r
+        r = s.UpdateMetadata(pb.UpdateMetadataRequest(
+            controller_id=cid, controller_epoch=epoch, full=True, topics=[ghost],
+            live_brokers=[pb.BrokerEndpoint(id=i, host="127.0.0.1", port=1, broker_epoch=czxid[i])
+                          for i in cluster3.ids]), timeout=30)
+        assert not r.error.code
+    # The ControlledShutdown of a broker without its real epoch.
+    r = stub(cluster3, cid).ControlledShutdown(pb.ControlledShutdownRequest(broker_id=state.leader, broker_epoch=-1),
+                                               timeout=30)
+    assert r.error.code == "STALE_BROKER_EPOCH", r
+    # Nothing changed: same brokers and ports in everyone's metadata, no ghost topic, no
+    # new directories, every replica still holds the 300 records, the real controller obeyed.
+    for b in cluster3.ids:
+        after = stub(cluster3, b).Metadata(pb.MetadataRequest(all_topics=True), timeout=30)
+        assert sorted((x.id, x.port) for x in after.brokers) == sorted((x.id, x.port) for x in before[b].brokers)
+        assert [t.name for t in after.topics] == ["kept"]
+        logs = os.listdir(os.path.join(cluster3.base_dir, f"broker-{b}-logs"))
+        assert "kept-0" in logs and not any(n.startswith(("ghost", ".-")) for n in logs), logs
+        assert replica_values(cluster3, b, "kept", 0) == values
+    assert admin.describe_topic("kept").partitions[0].leader == state.leader
+    admin.create_topic("after", partitions=1, replication_factor=3)
+    producer.send("after", kafka_batch([b"a"]), partition=0).result(timeout=30)
+    producer.send("kept", kafka_batch([b"more"]), partition=0).result(timeout=30)
+    producer.close()
+    assert sorted(read_committed(bs, "kept", 1).values()) == sorted(values + [b"more"])
+
+
+def test_a_bad_directory_name_is_moved_aside_and_the_broker_starts(cluster_factory):
+    cluster = cluster_factory(1)
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("t", partitions=1, replication_factor=1)
+    cluster.stop_broker(1)
+    logs = os.path.join(cluster.base_dir, "broker-1-logs")
+    for bad in (".-0", "..-0", "sp ace-0", "not a log"):
+        os.makedirs(os.path.join(logs, bad))
+    cluster.start_broker(1)
+    names = os.listdir(logs)
+    assert "t-0" in names
+    for bad in (".-0", "..-0", "sp ace-0", "not a log"):
+        assert bad not in names and any(n.startswith(bad + ".") and n.endswith("-stray") for n in names), names
+    assert "moved aside" in cluster.tail(1, 200)
+    wait_until(lambda: [t.name for t in stub(cluster, 1).Metadata(pb.MetadataRequest(all_topics=True),
+                                                                  timeout=30).topics] == ["t"],
+               what="the topic in the restarted broker's metadata")
