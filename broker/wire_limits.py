@@ -41,7 +41,7 @@ def check_request_entries(request, limits: WireLimits) -> None:
 
 def _check_lengths(msg, limits: WireLimits, where: str, depth: int) -> None:
     for field, value in msg.ListFields():
-        if field.label != field.LABEL_REPEATED:
+        if not field.is_repeated:
             continue
         if len(value) > limits.request_entries_max:
             raise E.InvalidRequestError(f"{where}.{field.name} has {len(value)} entries, over max.request.entries "

@@ -359,7 +359,7 @@ class Controller:
         # a broker that leads nothing is still a broker clients must be told of).
         for bid in new:
             self._send_update_metadata([bid], list(ctx.states), full=True)
-        if changed or new or dead:
+        if changed or new or dead:  # the others learn the new brokers (and their epochs, KIP-380)
             self._send_update_metadata([b for b in live if b not in new], changed)
         self._send_leader_and_isr(changed, extra_brokers=new)
         if changed:

@@ -294,6 +294,6 @@ def test_topic_deletion_waits_for_a_down_replica_and_completes_when_it_returns(c
     wait_until(lambda: not zk.exists("/admin/delete_topics/doomed") and not zk.exists("/brokers/topics/doomed"),
                30, what="deletion to complete")
     wait_until(lambda: partition_dirs(cluster, 3, "doomed") == [], 30, what="broker 3's replicas deleted")
-    assert "doomed" not in admin.list_topics()
+    wait_until(lambda: "doomed" not in admin.list_topics(), 30, what="the deletion in the brokers' metadata")
     zk.stop()
     admin.close()

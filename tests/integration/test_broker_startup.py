@@ -100,10 +100,11 @@ def test_a_duplicate_broker_id_is_refused_at_once_and_the_process_exits(tmp_path
 
 def test_kafka_server_properties_load_with_one_warning_and_port_0_logs_the_bound_port(tmp_path, zk_connect):
     kafka_only = dict(num_network_threads=3, socket_send_buffer_bytes=102400, socket_receive_buffer_bytes=102400,
-                      socket_request_max_bytes=104857600, offsets_topic_replication_factor=1,
+                      offsets_topic_replication_factor=1,
                       transaction_state_log_replication_factor=1, log_cleaner_enable="true",
                       group_initial_rebalance_delay_ms=0)
-    props = {**base_props(tmp_path, zk_connect), "listeners": "PLAINTEXT://127.0.0.1:0", **kafka_only}
+    props = {**base_props(tmp_path, zk_connect), "listeners": "PLAINTEXT://127.0.0.1:0", **kafka_only,
+             "socket_request_max_bytes": 104857600}     # honoured (the largest request read), not ignored
     proc = subprocess.Popen([sys.executable, "-m", "replikafka", "broker", write_props(tmp_path / "k.properties", **props)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     seen = []

@@ -63,7 +63,7 @@ def _hostile_message(cls, rng: random.Random, depth: int, stale_epochs: list[int
             continue
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             continue    # maps: left empty (their keys and values are covered by the plain fields)
-        if field.label == field.LABEL_REPEATED:
+        if field.is_repeated:
             for _ in range(rng.choice([0, 1, 2, 5, 50])):
                 v = _hostile_value(field, rng, depth, stale_epochs)
                 if v is None:
@@ -131,7 +131,7 @@ def _response_errors(path: str, raw: bytes) -> list[pb.Error]:
         resp = SERVICE.methods_by_name[name].output_type._concrete_class.FromString(raw)
     errors = [resp.error] if resp.DESCRIPTOR.fields_by_name.get("error") else []
     for field in resp.DESCRIPTOR.fields:
-        if field.label == field.LABEL_REPEATED and field.message_type is not None \
+        if field.is_repeated and field.message_type is not None \
                 and "error" in field.message_type.fields_by_name:
             errors += [e.error for e in getattr(resp, field.name)]
     return [e for e in errors if e.code]
