@@ -101,9 +101,14 @@ class AdminManager:
             raise E.UnknownTopicOrPartitionError(f"topic {req.name!r} does not exist")
         current = len(assignment)
         W.check_partition_count(req.name, req.total_count, self.limits)
-        if req.total_count <= current:
-            raise E.InvalidPartitionsError(
-                f"topic {req.name!r} has {current} partitions; the new count {req.total_count} must be larger")
+        if req.total_count == current:
+            raise E.InvalidPartitionsError(f"topic {req.name!r} already has {current} partitions")
+        if req.total_count < current:
+            if req.assignment:
+                raise E.InvalidPartitionsError(f"topic {req.name!r}: an assignment cannot come with fewer "
+                                               f"partitions ({req.total_count} < {current})")
+            self._remove_partitions(req, current)
+            return
         rf = len(assignment[0])
         live = sorted(self.store.live_brokers())
         if req.assignment:
@@ -156,6 +161,19 @@ class AdminManager:
             else:
                 out.append(pb.ConfigEntry(name=key, value=TOPIC_KEYS[key].format(default), source="DEFAULT_CONFIG"))
         return out
+
+    def _remove_partitions(self, req: pb.CreatePartitionsRequest, current: int) -> None:
+        """A count below the current one removes the highest-numbered partitions
+        (seed 000 H) through ``/admin/partitions_remove``; the controller does it.
+        Whether keyed data allows it is the caller's check (Admin.create_partitions)."""
+        self.store.request_partition_removal(req.name, list(range(req.total_count, current)))
+        log.info("removal of partitions %d..%d of %s requested", req.total_count, current - 1, req.name)
+        ok = self.metadata.wait_for(
+            lambda m: (t := m.topics.get(req.name)) is not None and len(t.partitions) <= req.total_count,
+            self._timeout_s(req.timeout_ms))
+        if not ok:
+            raise E.RequestTimedOutError(f"removal of partitions of {req.name!r} was requested but has not "
+                                         f"finished")
 
     @staticmethod
     def _explicit_new_partitions(req: pb.CreatePartitionsRequest, current: int, live: list[int]) -> dict[int, list[int]]:

@@ -66,6 +66,10 @@ class MetadataCache:
                 self.topics[t.name] = TopicEntry(t.schema, dict(t.config), t.topic_id)
             else:
                 entry.schema, entry.config = t.schema, dict(t.config)
+            entry = self.topics[t.name]
+            if t.partition_count:   # partitions at or past the count were removed (seed 000 H)
+                for p in [p for p in entry.partitions if p >= t.partition_count]:
+                    del entry.partitions[p]
         for s in partitions:
             entry = self.topics.get(s.topic)
             if entry is None:

@@ -44,6 +44,7 @@ CONFIG_TOPICS = "/config/topics"
 CONFIG_CHANGES = "/config/changes"
 CONFIG_CHANGE_PREFIX = "config_change_"
 DELETE_TOPICS = "/admin/delete_topics"
+PARTITIONS_REMOVE = "/admin/partitions_remove"       # [topic]/[partition]: seed 000 section H
 REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 PREFERRED_REPLICA_ELECTION = "/admin/preferred_replica_election"
 ISR_CHANGE = "/isr_change_notification"
@@ -52,7 +53,8 @@ PRODUCER_ID_BLOCK_SIZE = 1000
 # One ZooKeeper multi is limited by jute.maxbuffer (~1 MB); stay well below it.
 MULTI_OPS_MAX = 1000
 
-PERSISTENT_PATHS = (BROKER_IDS, BROKER_TOPICS, CONFIG_TOPICS, CONFIG_CHANGES, DELETE_TOPICS, ISR_CHANGE)
+PERSISTENT_PATHS = (BROKER_IDS, BROKER_TOPICS, CONFIG_TOPICS, CONFIG_CHANGES, DELETE_TOPICS, PARTITIONS_REMOVE,
+                    ISR_CHANGE)
 
 
 @dataclass(frozen=True)
@@ -335,6 +337,69 @@ class ZkStore:
             return sorted(self.zk.get_children(DELETE_TOPICS, watch=watch))
         except NoNodeError:
             return []
+
+    # ------------------------------------------------------------ partition removal (seed 000 H)
+    def request_partition_removal(self, topic: str, partitions: list[int]) -> None:
+        """Create ``/admin/partitions_remove/[topic]/[p]`` for each partition, in one
+        multi (the controller sees the whole request or none of it). A removal of
+        the topic's partitions still in progress is refused."""
+        tx = self.zk.transaction()
+        tx.create(f"{PARTITIONS_REMOVE}/{topic}", b"")
+        for p in partitions:
+            tx.create(f"{PARTITIONS_REMOVE}/{topic}/{p}", b"")
+        results = tx.commit()
+        if any(isinstance(r, NodeExistsError) for r in results):
+            from replikafka.errors import InvalidPartitionsError
+            raise InvalidPartitionsError(f"a removal of partitions of {topic!r} is still in progress")
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+
+    def partition_removals(self, watch=None) -> dict[str, set[int]]:
+        """Requested removals: topic -> partitions (watch: on the list of topics)."""
+        try:
+            topics = self.zk.get_children(PARTITIONS_REMOVE, watch=watch)
+        except NoNodeError:
+            return {}
+        out = {}
+        for t in topics:
+            try:
+                out[t] = {int(p) for p in self.zk.get_children(f"{PARTITIONS_REMOVE}/{t}") if p.isdigit()}
+            except NoNodeError:
+                pass
+        return out
+
+    def remove_partitions(self, topic: str, partitions: list[int]) -> None:
+        """The znode steps of a removal: the assignment without them (on the znode's
+        version), then their state znodes. Each step is idempotent (a new controller
+        repeats them)."""
+        doomed = set(partitions)
+        while True:
+            try:
+                data, stat = self.zk.get(topic_path(topic))
+            except NoNodeError:
+                break
+            assignment = {int(p): r for p, r in json.loads(data)["partitions"].items()}
+            kept = {p: r for p, r in assignment.items() if p not in doomed}
+            if kept == assignment:
+                break
+            try:
+                self.zk.set(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(kept.items())}}),
+                            version=stat.version)
+                break
+            except BadVersionError:
+                continue
+        for p in partitions:
+            try:
+                self.zk.delete(f"{topic_path(topic)}/partitions/{p}", recursive=True)
+            except NoNodeError:
+                pass
+
+    def finish_partition_removal(self, topic: str) -> None:
+        try:
+            self.zk.delete(f"{PARTITIONS_REMOVE}/{topic}", recursive=True)
+        except NoNodeError:
+            pass
 
     def remove_topic(self, topic: str) -> None:
         """The last step of deletion: assignment, states, config, the admin node."""

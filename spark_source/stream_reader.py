@@ -42,6 +42,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows,
                                               SupportsTriggerAvailableNow)
 
+from replikafka.errors import UnknownTopicOrPartitionError
 from replikafka.spark.arrow_convert import OutputLayout
 from replikafka.spark.batch_reader import RangePartition, check_same_schema, read_partition
 from replikafka.spark.cluster_access import ClusterClient, client_for, timestamp_type_of, topic_id_of
@@ -129,7 +130,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for attempt in range(self.opts.fetch_offset_retries + 1):
             if attempt:
                 tps, ids = self._current(require_topics=False)     # a fresh view: ids and partitions too
-            bounds = self.client.bounds(tps)
+            try:
+                bounds = self.client.bounds(tps)
+            except UnknownTopicOrPartitionError:
+                # Partitions removed (or a topic deleted) while the view was taken, and
+                # a broker that had not heard yet answered it: ask again on a fresh view.
+                if attempt == self.opts.fetch_offset_retries:
+                    raise
+                self._sleep(self.opts.fetch_offset_retry_interval_ms / 1000)
+                continue
             behind = [tp for tp, o in begin.items() if tp in bounds and bounds[tp].high_watermark < o
                       and not _changed(begin_ids, ids, tp[0])]
             if not behind or attempt == self.opts.fetch_offset_retries:

@@ -303,7 +303,7 @@ class Controller:
         self._try_delete_topics()
         # Admin work an earlier controller left unfinished resumes here (seed 003);
         # a failure there must not stop the controller from serving.
-        for resume in (self._on_reassign, self._on_preferred_election):
+        for resume in (self._on_reassign, self._on_preferred_election, self._on_partitions_remove):
             try:
                 resume()
             except Z.ControllerMovedError:
@@ -528,6 +528,42 @@ class Controller:
             self.channels.send(broker, "StopReplica", pb.StopReplicaRequest(
                 controller_id=self.broker_id, controller_epoch=self.ctx.epoch, delete_partitions=delete,
                 partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps]))
+
+    # ------------------------------------------------------------ partition removal (seed 000 H)
+    def _on_partitions_remove(self) -> None:
+        """``/admin/partitions_remove/[topic]/[partition]``: the replicas stop and delete
+        their logs (StopReplica delete), then the assignment loses the partitions and
+        their state znodes go, then every broker's metadata, then the request. Each
+        step is idempotent: a new controller resumes an unfinished removal from the
+        start (brokers that were down delete the logs at start-up, as unassigned)."""
+        if not self.active:
+            return
+        ctx = self.ctx
+        for topic, requested in self.store.partition_removals(watch=self._watch("partitions_remove")).items():
+            meta = ctx.topics.get(topic)
+            if meta is None or topic in ctx.deleting:
+                self.store.finish_partition_removal(topic)   # the topic went: so did its partitions
+                continue
+            doomed, problem = D.partitions_to_remove(meta.assignment, requested)
+            if problem:
+                log.warning("removal of %s partitions %s refused: %s", topic, sorted(requested), problem)
+                self.store.finish_partition_removal(topic)
+                continue
+            tps = [(topic, p) for p in doomed]
+            for b in ctx.live:
+                self._send_stop_replica(b, tps, delete=True)
+            self.store.remove_partitions(topic, doomed)
+            for p in doomed:
+                meta.assignment.pop(p, None)
+                ctx.states.pop((topic, p), None)
+                ctx.reassigning.pop((topic, p), None)
+            # The topic's partition count tells every broker which partitions are gone.
+            self._send_update_metadata(list(ctx.live), [(topic, p) for p in meta.assignment])
+            self.store.finish_partition_removal(topic)
+            if state_change_log.enabled():
+                state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {t}-{p} removed"
+                                            for t, p in tps])
+            log.info("removed partitions %s of %s; it now has %d", doomed, topic, len(meta.assignment))
 
     # ------------------------------------------------------------ partition reassignment (seed 003)
     def _on_reassign(self, _event=None) -> None:

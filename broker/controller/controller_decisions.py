@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Iterable
 
 from replikafka.broker.zk_store import LeaderAndIsr
 from replikafka.errors import InvalidPartitionsError, InvalidReplicationFactorError
@@ -238,3 +239,24 @@ def controlled_shutdown_moves(assignments: dict[str, dict[int, list[int]]], stat
                 # take it back into the ISR before it stops.
                 new[(topic, p)] = LeaderAndIsr(cur.leader, cur.leader_epoch + 1, isr, controller_epoch)
     return new, sorted(remaining)
+
+
+def partitions_to_remove(assigned: Iterable[int], requested: Iterable[int]) -> tuple[list[int], str | None]:
+    """Which partitions a removal request (seed 000 H) takes away, or why it is refused.
+
+    Only the highest-numbered partitions can go, so ids stay dense 0..n-1: the
+    request must name every partition from its lowest one up to the topic's
+    highest, and leave at least one. Partitions it names that are no longer
+    assigned (a removal a failed controller half-finished) are removed again.
+    Pure."""
+    assigned, requested = set(assigned), set(requested)
+    if not requested:
+        return [], "no partitions named"
+    low = min(requested)
+    if low < 1:
+        return [], "a topic keeps at least partition 0"
+    missing = sorted(p for p in assigned if p >= low and p not in requested)
+    if missing:
+        return [], (f"only the highest-numbered partitions can be removed: removing from {low} needs "
+                    f"{missing} removed too")
+    return sorted(requested), None

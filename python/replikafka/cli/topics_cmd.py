@@ -7,7 +7,7 @@
                       [--under-replicated-partitions] [--unavailable-partitions] [--under-min-isr-partitions]
                       [--at-min-isr-partitions] [--topics-with-overrides]
     replikafka topics --bootstrap-server H:P --delete --topic T [--if-exists]
-    replikafka topics --bootstrap-server H:P --alter --topic T --partitions N
+    replikafka topics --bootstrap-server H:P --alter --topic T --partitions N [--force]
 
 ``--zookeeper H:P`` may replace ``--bootstrap-server``: the live brokers are
 read from ``/brokers/ids`` and used as bootstrap servers.
@@ -31,7 +31,10 @@ def add_parser(sub, name):
     for action in _ACTIONS:
         p.add_argument(f"--{action}", action="store_true", help=f"{action} topics")
     p.add_argument("--topic", help="the topic")
-    p.add_argument("--partitions", type=int, help="number of partitions (--create, --alter)")
+    p.add_argument("--partitions", type=int, help="number of partitions (--create, --alter; --alter to fewer "
+                   "removes the highest-numbered ones and their data)")
+    p.add_argument("--force", action="store_true",
+                   help="--alter to fewer partitions: remove them even if the topic is partitioned by key")
     p.add_argument("--replication-factor", type=int, help="replicas per partition (--create)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="topic config override (--create; repeatable)")
@@ -106,7 +109,7 @@ def _check(args) -> str:
                           ("under_replicated_partitions", ("describe",)), ("unavailable_partitions", ("describe",)),
                           ("under_min_isr_partitions", ("describe",)), ("at_min_isr_partitions", ("describe",)),
                           ("topics_with_overrides", ("describe",)), ("replica_assignment", ("create", "alter")),
-                          ("if_exists", ("delete", "alter", "describe"))):
+                          ("if_exists", ("delete", "alter", "describe")), ("force", ("alter",))):
         value = getattr(args, flag)
         if value not in (None, False) and action not in allowed:
             raise UsageError(f"--{flag.replace('_', '-')} cannot be used with --{action}")
@@ -202,7 +205,7 @@ def _alter(admin, args) -> int:
     try:
         admin.create_partitions(args.topic, args.partitions,
                                 assignment=parse_replica_assignment(args.replica_assignment)
-                                if args.replica_assignment else None)
+                                if args.replica_assignment else None, force=args.force)
     except E.UnknownTopicOrPartitionError:
         if args.if_exists:
             return 0

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from replikafka import errors as E
 from replikafka.client.client_config import ADMIN_KEYS, accepts_config_dict
@@ -103,6 +104,7 @@ class Admin:
         self._bootstrap = parse_bootstrap(bootstrap_servers)
         self._request_timeout_ms = request_timeout_ms
         self._backoff_s = retry_backoff_ms / 1000
+        self._security = security
         self._pool = ConnectionPool(security=security)
         self._metadata = ClusterMetadata(self._pool, self._bootstrap, request_timeout_ms=request_timeout_ms,
                                          retry_backoff_ms=retry_backoff_ms)
@@ -153,10 +155,17 @@ class Admin:
         self._await_everywhere(name, lambda t: t is None, deadline)
 
     def create_partitions(self, name: str, total: int, timeout_ms: int = 30_000,
-                          assignment: dict[int, list[int]] | None = None) -> None:
-        """Grow a topic to ``total`` partitions (Kafka never shrinks one);
-        ``assignment``: the new partitions' replicas (listed alone or after the
-        existing partitions', as kafka-topics' --replica-assignment)."""
+                          assignment: dict[int, list[int]] | None = None, force: bool = False) -> None:
+        """Change a topic's partition count to ``total``.
+
+        Growing adds partitions; ``assignment``: the new partitions' replicas
+        (listed alone or after the existing partitions', as kafka-topics'
+        --replica-assignment). Shrinking removes the highest-numbered ones and
+        their data (Kafka never built it: keyed data would move). It is refused
+        for a topic partitioned by key unless ``force``: one whose ``key`` column
+        holds a non-null key anywhere in its logs (checked here, reading only the
+        key column from the leaders; a topic without a ``key`` column is not keyed).
+        """
         validate_topic_name(name)
         if not isinstance(total, int) or isinstance(total, bool) or total < 1:
             raise E.InvalidPartitionsError(f"the partition count must be a positive integer, got {total!r}")
@@ -166,16 +175,49 @@ class Admin:
             before = len(self._metadata.partitions_for(name))
         except E.ReplikafkaError:
             before = 0
+        if 0 < total < before and not force:
+            keyed = self._first_keyed_partition(name, before)
+            if keyed is not None:
+                raise E.InvalidPartitionsError(
+                    f"topic {name!r} is partitioned by key (partition {keyed} holds records with a non-null "
+                    f"key): removing partitions would move keys to other partitions, so records of one key "
+                    f"would no longer be in one partition, in order. Give --force (force=True) to remove "
+                    f"partitions {total}..{before - 1} and their data anyway")
         self._admin_call("CreatePartitions",
                          pb.CreatePartitionsRequest(name=name, total_count=total, timeout_ms=timeout_ms,
                                                     assignment={int(p): pb.ReplicaList(replicas=list(r))
                                                                 for p, r in (assignment or {}).items()}),
-                         deadline, f"add partitions to {name!r}", final=(E.UnknownTopicOrPartitionError,))
+                         deadline, f"change the partition count of {name!r}",
+                         final=(E.UnknownTopicOrPartitionError, E.InvalidPartitionsError))
 
         def grown(t: pb.TopicMetadata | None) -> bool:  # the new partitions have leaders
             return (t is not None and len(t.partitions) >= total
                     and all(p.leader >= 0 for p in t.partitions if p.partition >= before))
-        self._await_everywhere(name, grown, deadline)
+
+        def shrunk(t: pb.TopicMetadata | None) -> bool:
+            return t is not None and len(t.partitions) == total
+        self._await_everywhere(name, shrunk if total < before else grown, deadline)
+
+    def _first_keyed_partition(self, name: str, partitions: int) -> int | None:
+        """The first partition holding a record with a non-null key; None if none does."""
+        if "key" not in self._metadata.require_topic(name).schema.names:
+            return None
+        from replikafka.client.consumer import Consumer
+        consumer = Consumer(self._bootstrap, columns=["key"], security=self._security,
+                            request_timeout_ms=self._request_timeout_ms)
+        try:
+            tps = [(name, p) for p in range(partitions)]
+            ends = consumer.end_offsets(tps)
+            consumer.assign(tps)
+            consumer.seek_to_beginning(tps)
+            while any(consumer.position(tp) < ends[tp] for tp in tps):
+                table = consumer.poll(timeout_ms=1000)
+                keyed = table.filter(pc.is_valid(table.column("key"))) if table.num_rows else table
+                if keyed.num_rows:
+                    return min(keyed.column("partition").to_pylist())
+        finally:
+            consumer.close()
+        return None
 
     def alter_topic_config(self, name: str, set_config: dict[str, Any] | None = None, delete: Iterable[str] = (),
                            timeout_ms: int = 30_000) -> None:

@@ -107,3 +107,24 @@ def test_controlled_shutdown_leaves_offline_and_dead_led_partitions_alone():
     assignments = {"t": {0: [1, 2], 1: [3, 1, 2]}}
     states = {("t", 0): L(-1, 4, (1, 2), 1), ("t", 1): L(3, 1, (3, 1, 2), 1)}   # 3 just died
     assert D.controlled_shutdown_moves(assignments, states, {1, 2}, {1}, 2) == ({}, [])
+
+
+# ---- partition removal (seed 000 H) ---------------------------------------------------------
+def test_removal_takes_the_highest_numbered_partitions():
+    assert D.partitions_to_remove(range(5), {3, 4}) == ([3, 4], None)
+
+
+def test_removal_must_leave_ids_dense():
+    doomed, problem = D.partitions_to_remove(range(5), {2, 4})
+    assert doomed == [] and "[3] removed too" in problem
+
+
+def test_removal_keeps_partition_zero():
+    doomed, problem = D.partitions_to_remove(range(3), {0, 1, 2})
+    assert doomed == [] and "at least partition 0" in problem
+
+
+def test_a_half_finished_removal_is_repeated():
+    # A failed controller already took 4 out of the assignment; its successor removes 3 and 4 again.
+    assert D.partitions_to_remove(range(4), {3, 4}) == ([3, 4], None)
+    assert D.partitions_to_remove(range(3), {3, 4}) == ([3, 4], None)
