@@ -523,6 +523,7 @@ class ZkStore:
         where makepath costs a failed create and a parent walk per partition."""
         parents: list = []
         for t in {t for t, _p in states}:
+            parents.append(self.zk.create_async(topic_path(t), b""))
             parents.append(self.zk.create_async(f"{topic_path(t)}/partitions", b""))
         asyncs = []
         for (t, p), s in states.items():
