@@ -204,6 +204,8 @@ class AdminManager:
         if not plan:
             raise E.InvalidRequestError("the reassignment lists no partitions")
         for (t, p), reps in plan.items():
+            W.check_topic_partition(t, p, self.limits)
+            W.check_replica_list(f"{t}-{p}", reps, self.limits)
             if p not in (self.store.get_assignment(t) or {}):
                 raise E.UnknownTopicOrPartitionError(f"partition {t}-{p} does not exist")
             if not reps or len(set(reps)) != len(reps):
@@ -221,6 +223,13 @@ class AdminManager:
         tps = [(e.topic, e.partition) for e in req.partitions]
         if not tps:
             raise E.InvalidRequestError("the election lists no partitions")
+        assignments: dict[str, dict | None] = {}
+        for t, p in tps:
+            W.check_topic_partition(t, p, self.limits)
+            if t not in assignments:
+                assignments[t] = self.store.get_assignment(t)
+            if p not in (assignments[t] or {}):
+                raise E.UnknownTopicOrPartitionError(f"partition {t}-{p} does not exist")
         self.store.create_preferred_election(tps)
 
     def init_producer_id(self) -> tuple[int, int]:
