@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 
 from replikafka.broker import replica_fetch_codec
+from replikafka.errors import StorageError
 from replikafka.broker.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.client.connection import open_channel, target_of
@@ -68,7 +69,7 @@ class ReplicaFetcher:
 
     def __init__(self, broker_id: int, leader_id: int, endpoint: LeaderEndpoint, partitions_lookup,
                  *, max_wait_ms: int, min_bytes: int, max_bytes: int, backoff_ms: int, request_timeout_s: float,
-                 response_max_bytes: int = 0, broker_epoch=lambda: -1):
+                 response_max_bytes: int = 0, broker_epoch=lambda: -1, on_storage_error=lambda tp, exc: None):
         self.broker_id = broker_id
         self.leader_id = leader_id
         self.endpoint = endpoint
@@ -77,6 +78,7 @@ class ReplicaFetcher:
         self.response_max_bytes = response_max_bytes or max_bytes   # over all partitions of one fetch
         self.backoff_s = backoff_ms / 1000.0
         self.broker_epoch = broker_epoch         # () -> our registration's czxid: sent with each fetch (KIP-380)
+        self.on_storage_error = on_storage_error  # (tp, exc): the partition's log dir failed (KIP-112)
         self.timeout_s = request_timeout_s
         self.lock = threading.Lock()
         self.states: dict[tuple[str, int], FetchState] = {}
@@ -242,6 +244,8 @@ class ReplicaFetcher:
         except Exception as exc:  # anything: the other partitions of this leader must keep replicating
             log.error("follower %d: %s-%d from leader %d failed and waits %.1fs: %s: %s", self.broker_id, tp[0],
                       tp[1], self.leader_id, self.backoff_s, type(exc).__name__, exc)
+            if isinstance(exc, (StorageError, OSError)):
+                self.on_storage_error(tp, exc)
             with self.lock:
                 st = self.states.get(tp)
                 if st is not None:

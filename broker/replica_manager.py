@@ -59,6 +59,9 @@ class ReplicaManager:
         # Set once a controlled shutdown handed our roles away: later LeaderAndIsr
         # (e.g. a new controller's full state) must not make us lead or fetch again.
         self.shutting_down = False
+        # KIP-112: partitions whose log dir failed (until restart), and what to do when none is left.
+        self.offline: set[TP] = set()
+        self.on_all_dirs_offline = lambda: None
         self.stats = stats or ReplicaStats()   # bytes/messages per topic, ISR changes (broker/metrics.py)
 
     # ------------------------------------------------------------ lookups
@@ -165,6 +168,8 @@ class ReplicaManager:
             part = self.partitions.get(tp)
             if part is not None:
                 return part
+            if tp in self.offline:
+                raise E.StorageError(f"{tp[0]}-{tp[1]}: its log dir on broker {self.broker_id} is offline")
             if info is None:
                 entry = self.metadata.topic(tp[0])
                 if entry is None:
@@ -272,8 +277,13 @@ class ReplicaManager:
         min_isr = cfg.min_insync_replicas
         # Producer ids start at 1: 0 is protobuf's "unset".
         pid = d.producer_id if d.producer_id > 0 else -1
-        result = part.append_as_leader(batches, acks, min_isr, pid, d.producer_epoch if pid > 0 else -1,
-                                       d.base_sequence if pid > 0 else -1)
+        try:
+            result = part.append_as_leader(batches, acks, min_isr, pid, d.producer_epoch if pid > 0 else -1,
+                                           d.base_sequence if pid > 0 else -1)
+        except (E.StorageError, OSError) as exc:
+            self.handle_storage_failure(part.tp, exc)
+            raise E.StorageError(f"{d.topic}-{d.partition}: its log dir on broker {self.broker_id} failed "
+                                 f"({exc}); retry on the new leader") from None
         self.stats.produced(d.topic, len(records), result.record_count)
         return part, result, min_isr
 
@@ -389,6 +399,36 @@ class ReplicaManager:
         if replica_id not in part.replicas or replica_id == part.broker_id:
             raise E.NotLeaderOrFollowerError(f"{part.topic}-{part.partition}: broker {replica_id} is not a follower "
                                              f"of it (replicas {list(part.replicas)})")
+
+    # ------------------------------------------------------------ log dir failure (KIP-112)
+    def handle_storage_failure(self, tp: TP, exc: BaseException) -> None:
+        """An I/O error on ``tp``'s log: its log dir goes offline with every partition in it
+        (they stop serving and fetching), the controller is told through
+        ``/log_dir_event_notification`` and moves their leadership to other in-sync replicas.
+        With no log dir left the broker shuts down."""
+        manager = self.logs.manager
+        path = manager.dir_of(*tp)
+        if path is None:
+            return      # already offline (or deleted)
+        gone = manager.fail_dir(path, f"{type(exc).__name__}: {exc}")
+        if not gone:
+            return
+        self.fetchers.remove_partitions(gone)
+        with self.lock:
+            parts = [self.partitions.pop(t, None) for t in gone]
+            self.offline.update(gone)
+        for part in parts:
+            if part is not None:
+                part.stop()
+        self.notify_data()
+        state_log.error("broker %d: log dir %s failed: %d partitions offline here", self.broker_id, path, len(gone))
+        try:
+            self.store.notify_log_dir_failure(self.broker_id, gone)
+        except Exception:  # ZooKeeper away: a restart re-registers and the controller re-elects then
+            log.exception("could not notify the controller of the failure of log dir %s", path)
+        if not manager.online_dirs():
+            log.error("broker %d: every log dir is offline; shutting down", self.broker_id)
+            self.on_all_dirs_offline()
 
     # ------------------------------------------------------------ offsets
     def list_offsets(self, req: pb.ListOffsetsRequest) -> pb.ListOffsetsResponse:

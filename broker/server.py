@@ -166,12 +166,15 @@ class BrokerServer:
                           response_max_bytes=cfg.get("replica.fetch.response.max.bytes"),
                           backoff_ms=cfg.get("replica.fetch.backoff.ms"),
                           request_timeout_s=cfg.get("request.timeout.ms") / 1000.0,
-                          broker_epoch=lambda: self.broker_epoch)
+                          broker_epoch=lambda: self.broker_epoch,
+                          on_storage_error=lambda tp, exc: self.replica_manager.handle_storage_failure(tp, exc))
         self.fetchers = ReplicaFetcherManager(self.broker_id, cfg.get("num.replica.fetchers"),
                                               lambda tp: self.replica_manager.get(tp), self._leader_endpoint,
                                               **fetch_opts)
         self.replica_manager = ReplicaManager(self.broker_id, cfg, self.logs, self.store, self.metadata,
                                               self.fetchers, self.clock, stats=self.metrics.replica_stats)
+        # KIP-112: with every log dir offline, a clean shutdown (the SIGTERM path: controlled shutdown first).
+        self.replica_manager.on_all_dirs_offline = lambda: os.kill(os.getpid(), signal.SIGTERM)
         self.admin_manager = AdminManager(cfg, self.store, self.metadata)
         self.control_guard = ControlPlaneGuard(self.store, WireLimits.from_config(cfg))
         self._serve_grpc()

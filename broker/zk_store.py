@@ -53,8 +53,9 @@ PRODUCER_ID_BLOCK_SIZE = 1000
 # One ZooKeeper multi is limited by jute.maxbuffer (~1 MB); stay well below it.
 MULTI_OPS_MAX = 1000
 
+LOG_DIR_EVENT = "/log_dir_event_notification"
 PERSISTENT_PATHS = (BROKER_IDS, BROKER_TOPICS, CONFIG_TOPICS, CONFIG_CHANGES, DELETE_TOPICS, PARTITIONS_REMOVE,
-                    ISR_CHANGE)
+                    ISR_CHANGE, LOG_DIR_EVENT)
 
 
 @dataclass(frozen=True)
@@ -555,6 +556,35 @@ class ZkStore:
     def notify_isr_change(self, tps: list[tuple[str, int]]) -> None:
         data = _json({"partitions": [{"topic": t, "partition": p} for t, p in tps]})
         self.zk.create(f"{ISR_CHANGE}/isr_change_", data, sequence=True, makepath=True)
+
+    def notify_log_dir_failure(self, broker_id: int, tps: list[tuple[str, int]]) -> None:
+        """Kafka's log dir event notification (KIP-112), with the partitions that went
+        offline (so the controller needs no round trip to learn them)."""
+        data = _json({"version": 1, "broker": broker_id, "event": 1,
+                      "partitions": [{"topic": t, "partition": p} for t, p in tps]})
+        self.zk.create(f"{LOG_DIR_EVENT}/log_dir_event_", data, sequence=True, makepath=True)
+
+    def take_log_dir_events(self, watch=None) -> dict[int, set[tuple[str, int]]]:
+        """Read and delete the log dir event notifications: broker -> its offline partitions."""
+        out: dict[int, set[tuple[str, int]]] = {}
+        try:
+            children = self.zk.get_children(LOG_DIR_EVENT, watch=watch)
+        except NoNodeError:
+            return out
+        for c in children:
+            path = f"{LOG_DIR_EVENT}/{c}"
+            try:
+                data, _ = self.zk.get(path)
+                doc = json.loads(data)
+                out.setdefault(int(doc["broker"]), set()).update(
+                    (e["topic"], int(e["partition"])) for e in doc.get("partitions", ()))
+                self.zk.delete(path)
+            except NoNodeError:
+                continue
+            except (ValueError, KeyError, TypeError):
+                log.error("ignoring a malformed log dir event notification %s", path)
+                self.zk.delete(path)
+        return out
 
     def take_isr_change_notifications(self, watch=None) -> set[tuple[str, int]]:
         out = set()

@@ -294,7 +294,7 @@ class Controller:
             self._create_states(missing)
         ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch(V.DeleteTopics())))
         self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
-        self._sync_partition_states(self._elect_offline())
+        self._sync_partition_states(self._elect_offline() + self._elect_for_offline_replicas())
         # Full state to every live broker: metadata first, then roles (one request built for all).
         self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
         self._send_leader_and_isr(list(ctx.states))
@@ -469,6 +469,28 @@ class Controller:
         if state_change_log.enabled():  # one record for the batch (a line per partition)
             state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} "
                                         f"NewPartition -> {ctx.states.get(tp, (None,))[0]}" for tp in tps])
+
+    def _on_log_dir_failure(self, _event=None) -> None:
+        """KIP-112: a broker's log dir failed; its replicas there are offline. They leave
+        the ISRs and the partitions they led get new leaders from the other in-sync replicas."""
+        changed = self._elect_for_offline_replicas()
+        if changed:
+            self._sync_partition_states(changed)
+            self._announce(changed)
+
+    def _elect_for_offline_replicas(self) -> list[TP]:
+        ctx = self.ctx
+        changed: list[TP] = []
+        for b, tps in self.store.take_log_dir_events(watch=self._watch(V.LogDirFailure())).items():
+            current = {tp: ctx.states[tp][0] for tp in tps if tp in ctx.states and tp[0] not in ctx.deleting}
+            log.info("controller: broker %d reports %d replicas offline (log dir failure)", b, len(current))
+            assignments: dict[str, dict[int, list[int]]] = {}
+            for t, p in current:
+                assignments.setdefault(t, {})[p] = ctx.topics[t].assignment[p]
+            decisions = D.on_brokers_changed(assignments, current, set(ctx.live) - {b}, ctx.epoch,
+                                             self._unclean_for, avoid=ctx.shutting_down)
+            changed += self._write_states({tp: e.state for tp, e in decisions.items()})
+        return changed
 
     def _on_isr_change(self, _event=None) -> None:
         tps = self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
@@ -917,6 +939,7 @@ HANDLERS = {
     V.PartitionChange: Controller._on_partition_change,
     V.TopicConfigChange: Controller._on_topic_config_change,
     V.IsrChange: Controller._on_isr_change,
+    V.LogDirFailure: Controller._on_log_dir_failure,
     V.DeleteTopics: Controller._on_delete_topics,
     V.Reassign: Controller._on_reassign,
     V.ReassignmentNudge: Controller._on_reassignment_nudge,

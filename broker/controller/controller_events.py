@@ -73,6 +73,11 @@ class IsrChange(ControllerEvent):
 
 
 @dataclass(frozen=True)
+class LogDirFailure(ControllerEvent):
+    """A broker wrote a ``/log_dir_event_notification`` (KIP-112): some of its replicas are offline."""
+
+
+@dataclass(frozen=True)
 class DeleteTopics(ControllerEvent):
     """``/admin/delete_topics`` children changed."""
 

@@ -873,6 +873,18 @@ class Log:
                 seg.close()
             self._closed = True
 
+    def abandon(self) -> None:
+        """Stop using this log without writing (its log dir failed): refuse every mutation
+        from now on and release file descriptors, ignoring errors. No flush, no seal."""
+        with self._lock:
+            self._closing = True
+            for seg in self._segments:
+                try:
+                    seg.close()
+                except OSError:
+                    pass
+            self._closed = True
+
     def delete(self) -> None:
         """Close and remove the whole partition directory. The directory is first
         renamed to `<dir>.<id>-delete` so a crash mid-removal never leaves a

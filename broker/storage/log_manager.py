@@ -140,6 +140,7 @@ class LogManager:
         self._logs: dict[TopicPartition, Log] = {}
         self._log_dir_of: dict[TopicPartition, _LogDir] = {}
         self._dirs: list[_LogDir] = []
+        self._offline_dirs: set[str] = set()    # KIP-112: dirs taken offline by an I/O error
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -222,13 +223,44 @@ class LogManager:
             existing = self._logs.get(tp)
             if existing is not None:
                 return existing
-            d = self._dirs[0] if len(self._dirs) == 1 else \
-                min(self._dirs, key=lambda x: sum(1 for v in self._log_dir_of.values() if v is x))
+            online = [x for x in self._dirs if x.path not in self._offline_dirs]
+            if not online:
+                raise StorageError("every log dir is offline")
+            d = online[0] if len(online) == 1 else \
+                min(online, key=lambda x: sum(1 for v in self._log_dir_of.values() if v is x))
             path = os.path.join(d.path, partition_dir_name(topic, partition))
             log_ = Log.open(path, config or self._topic_config(topic), schema, clock=self._clock)
             self._logs[tp] = log_
             self._log_dir_of[tp] = d
             return log_
+
+    # ---- log dir failure (KIP-112) ----------------------------------------------------
+    def dir_of(self, topic: str, partition: int) -> str | None:
+        with self._lock:
+            d = self._log_dir_of.get((topic, partition))
+            return d.path if d is not None else None
+
+    def fail_dir(self, path: str, reason: str) -> list[TopicPartition]:
+        """Take log dir ``path`` offline after an I/O error: its logs leave service (closed
+        without flushing: the disk failed; recovery repairs any torn tail at the next start)
+        and no new log goes there. Returns the partitions it held (empty if already offline)."""
+        with self._lock:
+            if path in self._offline_dirs:
+                return []
+            self._offline_dirs.add(path)
+            gone = [tp for tp, d in self._log_dir_of.items() if d.path == path]
+            logs = [self._logs.pop(tp) for tp in gone]
+            for tp in gone:
+                self._log_dir_of.pop(tp)
+        log.error("log dir %s is offline (%s): %d partitions leave service until the broker restarts",
+                  path, reason, len(gone))
+        for log_ in logs:
+            log_.abandon()
+        return gone
+
+    def online_dirs(self) -> list[str]:
+        with self._lock:
+            return [d.path for d in self._dirs if d.path not in self._offline_dirs]
 
     def delete_log(self, topic: str, partition: int) -> None:
         with self._lock:
@@ -251,7 +283,7 @@ class LogManager:
     def checkpoint_high_watermarks(self, high_watermarks: dict[TopicPartition, int]) -> None:
         """Write the replica manager's high watermarks, each into its log's dir."""
         with self._lock:
-            per_dir: dict[_LogDir, dict] = {d: {} for d in self._dirs}
+            per_dir: dict[_LogDir, dict] = {d: {} for d in self._dirs if d.path not in self._offline_dirs}
             for tp, hw in high_watermarks.items():
                 d = self._log_dir_of.get(tp)
                 if d is not None:

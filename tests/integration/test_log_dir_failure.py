@@ -1,0 +1,76 @@
+"""Log dir failure (KIP-112) on real mounts: a log dir on a small tmpfs fills up while
+an acks=all producer writes; the dir goes offline, the controller hears of it through
+/log_dir_event_notification and moves leadership to the other in-sync replicas, the
+producer continues there after a retriable error, and no acknowledged record is lost.
+The tests run as root and mount tmpfs (skipped, with the reason, where mounting is
+impossible)."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+import replikafka
+from cluster_helpers import BackgroundProducer, read_committed, wait_until
+from replikafka.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+def _mount_tmpfs(path: str, size: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): needs root and mount")
+
+
+def _umount(path: str) -> None:
+    subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def test_a_full_log_dir_goes_offline_and_leadership_moves_with_no_acknowledged_loss(tmp_path, zk_connect):
+    base = str(tmp_path / "cluster")
+    small = os.path.join(base, "broker-1-small")
+    _mount_tmpfs(small, "3m")
+    try:
+        cluster = LocalCluster(base, 3, zookeeper_connect=zk_connect, die_with_parent=True, overrides={
+            "zookeeper.session.timeout.ms": "4000", "replica.lag.time.max.ms": "4000",
+            "auto.leader.rebalance.enable": "false"},
+            broker_overrides={1: {"log.dirs": f"{small},{os.path.join(base, 'broker-1-logs')}"}})
+        try:
+            cluster.start()
+            admin = replikafka.Admin(cluster.bootstrap_servers)
+            # Broker 1 leads it, its log in the first (small) dir; "steady" lives on the other dirs.
+            admin.create_topic("filling", assignment={0: [1, 2, 3]})
+            admin.create_topic("steady", assignment={0: [2, 3, 1]})
+            assert os.path.isdir(os.path.join(small, "filling-0"))
+            producer = BackgroundProducer(cluster.bootstrap_servers, "filling", 1, batch=200).start()
+            try:
+                wait_until(lambda: admin.describe_topic("filling").partitions[0].leader != 1, 120,
+                           what="leadership to leave the broker whose log dir filled up")
+                moved_at = len(producer.log.acked)
+                wait_until(lambda: len(producer.log.acked) > moved_at + 2000, 60,
+                           what="writes to continue on the new leader")
+            finally:
+                log = producer.stop()
+            assert cluster.alive(1), "one failed log dir of two must not stop the broker"
+            tail = cluster.tail(1, 2000)
+            assert f"log dir {small} is offline" in tail, tail
+            state = admin.describe_topic("filling").partitions[0]
+            assert 1 not in state.isr and state.leader in (2, 3)
+            got = read_committed(cluster.bootstrap_servers, "filling", 1)
+            lost = {k: v for k, v in log.acked.items() if got.get(k) != v}
+            assert not lost, f"{len(lost)} acknowledged records lost, e.g. {list(lost.items())[:3]}"
+            assert len(log.acked) > 0
+            # The broker's other dir still serves: a write to "steady" (it follows it there) is acknowledged by all.
+            with replikafka.Producer(cluster.bootstrap_servers, acks="all") as p:
+                from cluster_helpers import kafka_batch
+                p.send("steady", kafka_batch([b"s"]), partition=0).result(timeout=30)
+            assert 1 in admin.describe_topic("steady").partitions[0].isr
+            admin.close()
+        finally:
+            cluster.stop()
+    finally:
+        _umount(small)
