@@ -32,6 +32,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from replikafka.records import TIMESTAMP_TYPE, is_kafka_shaped
+from replikafka.errors import InvalidConfigError
 from replikafka.spark.options import OptionError
 
 SPARK_TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -43,6 +44,38 @@ HEADERS_SPARK_TYPE = T.ArrayType(T.StructType([T.StructField("key", T.StringType
 
 class SchemaError(OptionError):
     """A topic schema or a user-given schema Spark cannot read as asked."""
+
+
+class SinkColumnError(SchemaError):
+    """A sink input column the topic cannot take; the message names the column."""
+
+    def __init__(self, column: str, message: str):
+        self.option = self.column = column
+        InvalidConfigError.__init__(self, f"column '{column}': {message}")
+
+
+#: Spark's Kafka sink: which Spark types each Kafka column accepts.
+KAFKA_SINK_TYPES = {
+    "key": (("string", "binary"), "key attribute type must be a string or binary"),
+    "value": (("string", "binary"), "value attribute type must be a string or binary"),
+    "topic": (("string",), "topic type must be a string"),
+    "partition": (("tinyint", "smallint", "int", "bigint"), "partition attribute type must be an int"),
+    "headers": (("array<struct<key:string,value:binary>>",),
+                "headers attribute type must be an array<struct<key:string,value:binary>>"),
+}
+
+
+def check_sink_types(fields: list[tuple[str, str]], topic_schema: pa.Schema, topic: str) -> None:
+    """Refuse, before anything is written, input columns whose Spark types a
+    Kafka-shaped topic cannot take, as Spark's Kafka sink does (``fields``:
+    ``(name, simpleString)``). Spark casts nothing; neither do we."""
+    if not is_kafka_shaped(topic_schema):
+        return
+    for name, type_name in fields:
+        allowed = KAFKA_SINK_TYPES.get(name)
+        if allowed is not None and type_name not in allowed[0]:
+            raise SinkColumnError(name, f"{allowed[1]} (writing to topic {topic!r}), got {type_name}; "
+                                  f"cast it, e.g. CAST({name} AS {'STRING' if name != 'partition' else 'INT'})")
 
 
 # ---------------------------------------------------------------- types
@@ -217,6 +250,8 @@ class BatchConverter:
             kind = col.kind
             if kind == "data":
                 arr = batch.column(col.name)
+                if col.name == "headers" and self.layout.kafka_shaped:
+                    arr = empty_lists_to_null(arr)
             elif kind == "offset":
                 arr = pa.array(np.arange(base_offset, base_offset + n, dtype=np.int64))
             elif kind == "timestamp":
@@ -227,6 +262,16 @@ class BatchConverter:
                 arr = arr.cast(field.type)
             arrays.append(arr)
         return pa.RecordBatch.from_arrays(arrays, schema=self.target)
+
+
+def empty_lists_to_null(arr: pa.Array) -> pa.Array:
+    """Spark's Kafka source returns null ``headers`` for a record with no headers
+    (its consumer gives an empty header array, which Spark turns into null)."""
+    import pyarrow.compute as pc
+    empty = pc.equal(pc.list_value_length(arr), 0)
+    if not pc.any(empty).as_py():
+        return arr
+    return pc.if_else(empty, pa.nulls(len(arr), arr.type), arr)
 
 
 # ---------------------------------------------------------------- write side
@@ -241,15 +286,15 @@ def check_sink_input(names: list[str], topic_schema: pa.Schema, topic: str) -> N
     stored = set(topic_schema.names)
     for n in names:
         if n not in stored and n not in SINK_CONTROL_COLUMNS and n not in SINK_IGNORED_COLUMNS:
-            raise SchemaError("topic", f"input column {n!r} is not a column of topic {topic!r} "
+            raise SinkColumnError(n, f"is not a column of topic {topic!r} "
                               f"({', '.join(topic_schema.names)}) nor one of {', '.join(SINK_CONTROL_COLUMNS)}")
     if is_kafka_shaped(topic_schema):
         if "value" not in names:
-            raise SchemaError("topic", f"writing to Kafka-shaped topic {topic!r} needs a 'value' column")
+            raise SinkColumnError("value", f"writing to Kafka-shaped topic {topic!r} needs a 'value' column")
         return
     for f in topic_schema:
         if f.name not in names and not f.nullable:
-            raise SchemaError("topic", f"topic {topic!r} needs column {f.name!r} (not nullable)")
+            raise SinkColumnError(f.name, f"topic {topic!r} needs column {f.name!r} (not nullable)")
 
 
 def to_stored_batch(batch: pa.RecordBatch, topic_schema: pa.Schema, topic: str,
@@ -266,10 +311,10 @@ def to_stored_batch(batch: pa.RecordBatch, topic_schema: pa.Schema, topic: str,
                 try:
                     arr = arr.cast(f.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-                    raise SchemaError("topic", f"column {f.name!r} of type {arr.type} cannot be stored as "
+                    raise SinkColumnError(f.name, f"column {f.name!r} of type {arr.type} cannot be stored as "
                                       f"{f.type} in topic {topic!r}: {exc}") from None
             if not f.nullable and arr.null_count:
-                raise SchemaError("topic", f"column {f.name!r} holds nulls but is not nullable in topic {topic!r}")
+                raise SinkColumnError(f.name, f"column {f.name!r} holds nulls but is not nullable in topic {topic!r}")
         else:
             arr = pa.nulls(n, f.type)
         arrays.append(arr)
@@ -280,7 +325,7 @@ def to_stored_batch(batch: pa.RecordBatch, topic_schema: pa.Schema, topic: str,
         if pa.types.is_timestamp(ts.type):
             ts = ts.cast(pa.timestamp("ms", tz=ts.type.tz), safe=False).cast(TIMESTAMP_TYPE)
         else:
-            raise SchemaError("topic", f"input column 'timestamp' has type {ts.type}, not a timestamp")
+            raise SinkColumnError("timestamp", f"input column 'timestamp' has type {ts.type}, not a timestamp")
         if ts.null_count:
             ts = ts.fill_null(pa.scalar(stamp, TIMESTAMP_TYPE))
     else:
@@ -351,6 +396,9 @@ def route_partitions(batch: pa.RecordBatch, num_partitions: int, *, task_id: int
     out = ((task_id + row // ROUND_ROBIN_RUN_ROWS) % num_partitions).astype(np.int32)
     if "key" in names:
         keys = batch.column(names.index("key"))
+        if not (pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type)
+                or pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
+            keys = keys.cast(pa.string())    # a topic of its own schema with a non-binary 'key' column
         if keys.null_count < n:
             h = murmur2_array(keys)
             valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
@@ -360,12 +408,12 @@ def route_partitions(batch: pa.RecordBatch, num_partitions: int, *, task_id: int
         col = batch.column(names.index("partition"))
         if col.null_count < n:
             if not pa.types.is_integer(col.type):
-                raise SchemaError("topic", f"input column 'partition' has type {col.type}, not an integer")
+                raise SinkColumnError("partition", f"input column 'partition' has type {col.type}, not an integer")
             vals = col.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
             valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
             bad = valid & ((vals < 0) | (vals >= num_partitions))
             if bad.any():
-                raise SchemaError("topic", f"input column 'partition' holds {int(vals[bad][0])}; the topic has "
+                raise SinkColumnError("partition", f"input column 'partition' holds {int(vals[bad][0])}; the topic has "
                                   f"partitions 0..{num_partitions - 1}")
             out = np.where(valid, vals, out).astype(np.int32)
     return out

@@ -146,11 +146,10 @@ def resolve_offset(spec: OffsetSpec, tp: TopicPartition, bounds: PartitionBounds
     if spec.kind == "latest":
         return bounds.high_watermark
     if spec.kind == "offsets":
-        given = spec.as_dict()
-        if tp not in given:
+        off = spec.offset_of(tp)
+        if off is None:
             raise OptionError(spec.option, f"gives no offset for {tp[0]}-{tp[1]}; name every partition read "
-                              "(-2 = earliest, -1 = latest)")
-        off = given[tp]
+                              "(-2 = earliest, -1 = latest), or the topic (\"earliest\" / \"latest\")")
         if off == EARLIEST:
             return bounds.log_start
         if off == LATEST:

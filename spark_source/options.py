@@ -71,6 +71,13 @@ BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 #: Keys Spark itself may add to a source's or sink's options; never ours to judge.
 SPARK_INJECTED = ("path", "paths", "checkpointLocation", "queryName")
+#: Spark Kafka source options with no meaning here (no consumer, no consumer
+#: group): accepted and ignored with a warning naming them, so ported jobs run.
+SPARK_IGNORED = ("kafkaConsumer.pollTimeoutMs", "groupIdPrefix")
+#: Other ``kafka.*`` options (Kafka client configs Spark passes to its consumer
+#: and producer) than ``kafka.bootstrap.servers`` and ``SECURITY_OPTIONS`` are
+#: accepted and ignored with a warning naming them.
+KAFKA_PREFIX = "kafka."
 
 _CANONICAL = {name.lower(): name for name in SOURCE_OPTIONS + SINK_OPTIONS + SPARK_INJECTED}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|sec|secs|m|min|mins|h|hour|hours|d|day|days)?\s*$", re.IGNORECASE)
@@ -114,9 +121,20 @@ class OffsetSpec:
     option: str
     per_partition: tuple[tuple[tuple[str, int], int], ...] = ()
     timestamp_ms: int = -1
+    #: Spark's topic-level offsets, ``{"topic": "earliest"}``: every partition of the topic.
+    per_topic: tuple[tuple[str, int], ...] = ()
 
     def as_dict(self) -> dict[tuple[str, int], int]:
         return dict(self.per_partition)
+
+    def offset_of(self, tp: tuple[str, int]) -> int | None:
+        """The offset (or -2/-1 sentinel) this spec gives ``tp``, per partition or per topic."""
+        found = dict(self.per_partition).get(tp)
+        return found if found is not None else dict(self.per_topic).get(tp[0])
+
+    @property
+    def topics(self) -> set[str]:
+        return {t for (t, _), _ in self.per_partition} | {t for t, _ in self.per_topic}
 
 
 @dataclass(frozen=True)
@@ -141,6 +159,8 @@ class SourceOptions:
     streaming: bool = False
     # (key, value) client security settings; never in repr (plans, logs)
     security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    #: ``(option, why)`` for options accepted but not used (warned about once).
+    ignored: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,6 +171,7 @@ class SinkOptions:
     chunk_rows: int = DEFAULT_SINK_CHUNK_ROWS
     extra: dict = field(default_factory=dict)
     security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    ignored: tuple[tuple[str, str], ...] = ()
 
 
 # ---------------------------------------------------------------- helpers
@@ -160,6 +181,8 @@ def _normalise(options: Mapping[str, Any], allowed: tuple[str, ...]) -> dict[str
     allowed_lower = {a.lower(): a for a in allowed + SPARK_INJECTED}
     for key, value in options.items():
         low = str(key).lower()
+        if low in _IGNORED_LOWER or (low.startswith(KAFKA_PREFIX) and low not in allowed_lower):
+            continue
         if low in allowed_lower:
             name = allowed_lower[low]
             if name in SPARK_INJECTED:
@@ -185,6 +208,23 @@ def _security(opts: dict[str, str]) -> tuple[tuple[str, str], ...]:
     except InvalidConfigError as exc:
         raise OptionError("kafka.security.protocol", exc.message) from None
     return sec
+
+
+_IGNORED_LOWER = {n.lower() for n in SPARK_IGNORED}
+
+
+def ignored_options(options: Mapping[str, Any], allowed: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The options :func:`_normalise` passes over, with why (for a warning)."""
+    allowed_lower = {a.lower() for a in allowed}
+    out = []
+    for key in options:
+        low = str(key).lower()
+        if low in _IGNORED_LOWER:
+            out.append((next(n for n in SPARK_IGNORED if n.lower() == low),
+                        "a Spark Kafka consumer setting; replikafka has no consumer to apply it to"))
+        elif low.startswith(KAFKA_PREFIX) and low not in allowed_lower:
+            out.append((str(key), "a Kafka client config; replikafka's own client does not use it"))
+    return tuple(sorted(out))
 
 
 def _bootstrap(opts: dict[str, str]) -> str:
@@ -257,12 +297,22 @@ def _partition_number(name: str, topic: str, raw: Any) -> int:
     return int(text)
 
 
-def _per_partition_json(opts: dict[str, str], name: str, *, sentinels: bool) -> tuple:
+def _per_partition_json(opts: dict[str, str], name: str, *, sentinels: bool, per_topic: list | None = None
+                        ) -> tuple:
+    """``{"t": {"p": n}}`` -> sorted ``(((t, p), n), ...)``. With ``per_topic``
+    (a list to fill), Spark's topic-level form ``{"t": "earliest"|"latest"}`` is
+    accepted too and lands there as ``(t, -2|-1)``."""
     doc = _json(opts, name)
     if not isinstance(doc, dict) or not doc:
         raise OptionError(name, 'must be a JSON object such as {"events":{"0":23,"1":-2}}')
     out = []
     for topic, parts in doc.items():
+        if per_topic is not None and isinstance(parts, str):
+            if parts.strip().lower() not in ("earliest", "latest"):
+                raise OptionError(name, f'topic {topic!r} maps to {parts!r}; a topic-level offset is "earliest" '
+                                  'or "latest"')
+            per_topic.append((topic, EARLIEST if parts.strip().lower() == "earliest" else LATEST))
+            continue
         if not isinstance(parts, dict) or not parts:
             raise OptionError(name, f'topic {topic!r} must map to an object such as {{"0": 23}}')
         for p, value in parts.items():
@@ -324,11 +374,23 @@ def _subscription(opts: dict[str, str]) -> Subscription:
     return Subscription("assign", assignment=tuple(sorted(assignment)))
 
 
+#: Spark's precedence when several are set: the first wins, the others are ignored.
+STARTING_PRECEDENCE = ("startingTimestamp", "startingOffsetsByTimestamp", "startingOffsets")
+ENDING_PRECEDENCE = ("endingTimestamp", "endingOffsetsByTimestamp", "endingOffsets")
+
+
+def overridden_options(opts: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """Options Spark's precedence sets aside (startingTimestamp > startingOffsetsByTimestamp
+    > startingOffsets, and the same for ending), with why."""
+    out = []
+    for order in (STARTING_PRECEDENCE, ENDING_PRECEDENCE):
+        given = [n for n in order if n in opts]
+        out += [(n, f"{given[0]!r} takes precedence, as in Spark") for n in given[1:]]
+    return tuple(out)
+
+
 def _starting(opts: dict[str, str], streaming: bool) -> OffsetSpec:
-    given = [n for n in ("startingTimestamp", "startingOffsetsByTimestamp", "startingOffsets") if n in opts]
-    if len(given) > 1:
-        raise OptionError(given[0], f"contradicts {given[1]!r}: set only one of startingOffsets, "
-                          "startingOffsetsByTimestamp, startingTimestamp")
+    given = [n for n in STARTING_PRECEDENCE if n in opts]
     if not given:
         return OffsetSpec("latest" if streaming else "earliest", "startingOffsets")
     name = given[0]
@@ -346,23 +408,26 @@ def _starting(opts: dict[str, str], streaming: bool) -> OffsetSpec:
         return OffsetSpec("latest", name)
     if not raw.startswith("{"):
         raise OptionError(name, f"must be 'earliest', 'latest' or JSON such as {{\"events\":{{\"0\":23}}}}, got {raw!r}")
-    spec = OffsetSpec("offsets", name, per_partition=_per_partition_json(opts, name, sentinels=True))
+    topic_level: list = []
+    spec = OffsetSpec("offsets", name, per_partition=_per_partition_json(opts, name, sentinels=True,
+                                                                         per_topic=topic_level),
+                      per_topic=tuple(sorted(topic_level)))
     if not streaming:
         for (t, p), off in spec.per_partition:
             if off == LATEST:
                 raise OptionError(name, f"{t}-{p}: -1 (latest) is not allowed as a batch starting offset")
+        for t, off in spec.per_topic:
+            if off == LATEST:
+                raise OptionError(name, f"topic {t!r}: \"latest\" is not allowed as a batch starting offset")
     return spec
 
 
 def _ending(opts: dict[str, str], streaming: bool) -> OffsetSpec:
-    given = [n for n in ("endingTimestamp", "endingOffsetsByTimestamp", "endingOffsets") if n in opts]
+    given = [n for n in ENDING_PRECEDENCE if n in opts]
     if streaming:
         if given:
             raise OptionError(given[0], "applies to batch reads only; a stream has no end")
         return OffsetSpec("latest", "endingOffsets")
-    if len(given) > 1:
-        raise OptionError(given[0], f"contradicts {given[1]!r}: set only one of endingOffsets, "
-                          "endingOffsetsByTimestamp, endingTimestamp")
     if not given:
         return OffsetSpec("latest", "endingOffsets")
     name = given[0]
@@ -422,11 +487,15 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
             extra = [tp for tp, _ in spec.per_partition if tp not in assigned]
             if extra:
                 raise OptionError(spec.option, f"names {extra[0][0]}-{extra[0][1]}, which 'assign' does not assign")
+        for spec in (starting, ending):
+            extra = sorted(t for t, _ in spec.per_topic if t not in {a for a, _ in sub.assignment})
+            if extra:
+                raise OptionError(spec.option, f"names topic {extra[0]!r}, which 'assign' does not assign")
     elif sub.kind == "subscribe":
         for spec in (starting, ending):
-            extra = [tp for tp, _ in spec.per_partition if tp[0] not in sub.topics]
+            extra = sorted(t for t in spec.topics if t not in sub.topics)
             if extra:
-                raise OptionError(spec.option, f"names topic {extra[0][0]!r}, which 'subscribe' does not list")
+                raise OptionError(spec.option, f"names topic {extra[0]!r}, which 'subscribe' does not list")
     if not streaming and starting.kind == "offsets" and ending.kind == "offsets":
         ends = ending.as_dict()
         for tp, s in starting.per_partition:
@@ -463,6 +532,7 @@ def parse_source_options(options: Mapping[str, Any], *, streaming: bool | None) 
                                      DEFAULT_FETCH_OFFSET_RETRIES),
         fetch_offset_retry_interval_ms=_int_or(parse_int(opts, "fetchOffset.retryIntervalMs", minimum=0),
                                                DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS),
+        ignored=ignored_options(options, SOURCE_OPTIONS) + overridden_options(opts),
         streaming=bool(streaming),
         security=_security(opts),
     )
@@ -480,4 +550,5 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         delivery_timeout_ms=parse_int(opts, "deliveryTimeoutMs") or DEFAULT_DELIVERY_TIMEOUT_MS,
         chunk_rows=parse_int(opts, "sinkChunkRows") or DEFAULT_SINK_CHUNK_ROWS,
         security=_security(opts),
+        ignored=ignored_options(options, SINK_OPTIONS),
     )

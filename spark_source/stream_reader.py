@@ -255,3 +255,20 @@ def _changed(before: dict, now: dict, topic: str) -> bool:
     """Both ids known and different: the topic was deleted and re-created in between."""
     old, new = before.get(topic, ""), now.get(topic, "")
     return bool(old and new and old != new)
+
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """The stream reader of a query whose options or topics were refused: every
+    call raises that error (see ``ReplikafkaDataSource.streamReader``)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def _refuse(self, *args, **kwargs):
+        raise self.error
+
+    initialOffset = latestOffset = partitions = getDefaultReadLimit = reportLatestOffset = _refuse
+    read = commit = _refuse
+
+    def stop(self) -> None:
+        """Nothing was started."""

@@ -197,3 +197,41 @@ def test_chunk_producer_ids_are_stable_distinct_and_above_broker_ids():
     assert len(ids) == 20 * 4 * 20
     assert all((1 << 62) <= i < (1 << 63) for i in ids)
     assert chunk_producer_id("a", "t", 0, "1") == chunk_producer_id("a", "t", 0, "1")
+
+
+def test_empty_headers_read_back_as_null():
+    """KafkaMicroBatchSourceSuite "read Kafka transactional messages / headers" (includeHeaders):
+    Spark's source returns null headers for a record produced with an empty header list."""
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([b"a", b"b", b"c"]), pa.array([b"1", b"2", b"3"]),
+         pa.array([[], [{"key": "h", "value": b"x"}], None], HEADER_TYPE),
+         pa.array([1, 2, 3], pa.int64()).cast(TIMESTAMP_TYPE)], schema=stored_schema(KAFKA_SCHEMA))
+    out = BatchConverter(output_layout(KAFKA_SCHEMA, include_headers=True), "t", 0, 0).convert(batch, 0)
+    assert out.column("headers").to_pylist() == [None, [{"key": "h", "value": b"x"}], None]
+
+
+def test_sink_types_are_sparks_kafka_sink_types_naming_the_column():
+    """KafkaSinkSuite "write to stream with bad schema" / "batch - unsupported save modes": key and
+    value must be string or binary, topic a string, partition an int; the error names the column."""
+    from replikafka.spark.arrow_convert import SinkColumnError, check_sink_types
+    check_sink_types([("key", "string"), ("value", "binary"), ("partition", "int"), ("topic", "string")],
+                     KAFKA_SCHEMA, "t")
+    for column, spark_type in [("key", "int"), ("value", "bigint"), ("topic", "int"), ("partition", "string"),
+                               ("headers", "array<string>")]:
+        with pytest.raises(SinkColumnError) as info:
+            check_sink_types([("value", "string"), (column, spark_type)], KAFKA_SCHEMA, "t")
+        assert str(info.value).startswith(f"INVALID_CONFIG: column '{column}': ") and spark_type in str(info.value)
+        assert "option 'topic'" not in str(info.value)
+    check_sink_types([("key", "int")], OWN, "own")                       # a topic of its own schema: its types
+    with pytest.raises(SinkColumnError, match="column 'extra': is not a column of topic"):
+        check_sink_input(["value", "extra"], KAFKA_SCHEMA, "t")
+
+
+def test_a_non_binary_key_column_routes_by_its_text():
+    """A topic of its own schema may have an int 'key' column: routed by murmur2 of its text
+    (it used to fail with 'buffer is smaller than requested size')."""
+    batch = pa.record_batch([pa.array([1, 2, 3, 1], pa.int64())], names=["key"])
+    routes = route_partitions(batch, 8, task_id=0, first_row=0)
+    as_text = route_partitions(pa.record_batch([pa.array(["1", "2", "3", "1"])], names=["key"]), 8, task_id=0,
+                               first_row=0)
+    assert routes.tolist() == as_text.tolist() and routes[0] == routes[3]

@@ -80,8 +80,9 @@ def test_starting_and_ending_offsets_parse_json_with_sentinels():
     ({"startingOffsets": '{"events":{"0":-3}}'}, "startingOffsets"),
     ({"startingOffsets": '{"other":{"0":1}}'}, "startingOffsets"),         # not subscribed
     ({"startingOffsets": "sometimes"}, "startingOffsets"),
-    ({"startingTimestamp": "123", "startingOffsets": "earliest"}, "startingTimestamp"),
-    ({"endingTimestamp": "5", "endingOffsets": "latest"}, "endingTimestamp"),
+    ({"startingOffsets": '{"events":"middle"}'}, "startingOffsets"),
+    ({"startingOffsets": '{"events":"latest"}'}, "startingOffsets"),      # batch: reads nothing
+    ({"startingOffsets": '{"other":"earliest"}'}, "startingOffsets"),      # not subscribed
     ({"startingTimestamp": "abc"}, "startingTimestamp"),
     ({"startingTimestamp": "10", "endingTimestamp": "5"}, "startingTimestamp"),
     ({"startingOffsetsByTimestamp": '{"events":{"0":"x"}}'}, "startingOffsetsByTimestamp"),
@@ -147,3 +148,41 @@ def test_sink_options():
     with pytest.raises(OptionError) as info:
         parse_sink_options({"bootstrap.servers": "h:1", "sinkChunkRows": "0"})
     assert info.value.option == "sinkChunkRows"
+
+
+def test_offset_options_follow_sparks_precedence():
+    """KafkaSourceProviderSuite / KafkaRelationSuite "timestamp takes precedence": Spark applies
+    startingTimestamp > startingOffsetsByTimestamp > startingOffsets (the same for ending);
+    the options set aside are named in a warning."""
+    o = src(startingTimestamp="123", startingOffsetsByTimestamp='{"events":{"0":5}}', startingOffsets="earliest",
+            endingOffsetsByTimestamp='{"events":{"0":9}}', endingOffsets="latest")
+    assert (o.starting.kind, o.starting.timestamp_ms) == ("timestamp", 123)
+    assert o.ending.kind == "timestamps" and o.ending.option == "endingOffsetsByTimestamp"
+    assert [n for n, _ in o.ignored] == ["startingOffsetsByTimestamp", "startingOffsets", "endingOffsets"]
+    assert "'startingTimestamp' takes precedence" in dict(o.ignored)["startingOffsets"]
+
+
+def test_kafka_client_options_are_accepted_and_named_as_ignored():
+    """KafkaSourceProviderSuite: Spark passes kafka.* to its client; a ported job's
+    kafka.group.id / kafka.metadata.max.age.ms must not stop it."""
+    o = src(**{"kafka.group.id": "g", "KAFKA.METADATA.MAX.AGE.MS": "100", "kafkaConsumer.pollTimeoutMs": "5",
+               "groupIdPrefix": "x"})
+    names = [n for n, _ in o.ignored]
+    assert names == sorted(["kafka.group.id", "KAFKA.METADATA.MAX.AGE.MS", "kafkaConsumer.pollTimeoutMs",
+                            "groupIdPrefix"])
+    assert o.bootstrap == BASE["bootstrap.servers"]
+    s = parse_sink_options({"bootstrap.servers": "h:1", "topic": "t", "kafka.acks": "all"})
+    assert [n for n, _ in s.ignored] == ["kafka.acks"]
+    refused("startingOffset", startingOffset="earliest")                  # a typo is still refused
+    assert src(**{"kafka.security.protocol": "PLAINTEXT"}).ignored == ()  # used (TLS/SASL), not ignored
+
+
+def test_topic_level_starting_offsets():
+    """Spark's topic-level startingOffsets {"t": "earliest"} (SPARK-47345 style JSON)."""
+    o = src(streaming=True, startingOffsets='{"events":"earliest"}')
+    assert o.starting.per_topic == (("events", EARLIEST),)
+    assert o.starting.offset_of(("events", 7)) == EARLIEST
+    o = src(streaming=True, startingOffsets='{"events":"latest"}')
+    assert o.starting.offset_of(("events", 0)) == LATEST
+    mixed = src(startingOffsets='{"events":{"0":5}}')
+    assert mixed.starting.offset_of(("events", 0)) == 5 and mixed.starting.offset_of(("events", 1)) is None

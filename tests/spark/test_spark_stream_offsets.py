@@ -299,3 +299,18 @@ def test_available_now_reads_nothing_of_a_topic_recreated_after_it_was_prepared(
     o1 = r.latestOffset(start, ReadAllAvailable())
     o2 = r.latestOffset(o1, ReadAllAvailable())
     assert ranges(r, start, o1) == [] and ranges(r, o1, o2) == [] and o2 == o1
+
+
+def test_refused_options_fail_the_stream_with_our_error_not_pysparks():
+    """pyspark 4.3's stream runner masks an exception from streamReader() with an
+    UnboundLocalError; the data source returns a reader that raises ours instead."""
+    from pyspark.sql.datasource import DataSourceStreamReader  # noqa: F401
+    from replikafka.spark.data_source import ReplikafkaDataSource
+    from replikafka.spark.stream_reader import RefusedStreamReader
+    ds = ReplikafkaDataSource({"bootstrap.servers": "h:1", "subscribe": "t", "endingOffsets": "latest"})
+    r = ds.streamReader(None)
+    assert isinstance(r, RefusedStreamReader)
+    for call in (r.initialOffset, r.getDefaultReadLimit, lambda: r.latestOffset({}, ReadAllAvailable())):
+        with pytest.raises(OptionError, match="option 'endingOffsets': applies to batch reads only"):
+            call()
+    r.stop()

@@ -53,6 +53,10 @@ def test_available_now_with_max_offsets_per_trigger(spark, bootstrap, topics, ch
     assert {k: v for k, v in end.items() if k != "@topicIds"} == {t: {"0": 225, "1": 22, "2": 3}}   # by backlog
     assert set(end["@topicIds"]) == {t}
     assert json.loads(first["latestOffset"]) == {t: {"0": 900, "1": 90, "2": 10}}  # reportLatestOffset
+    # KafkaMicroBatchSourceSuite "test custom metrics - with rate limit" reads avg/max/minOffsetsBehindLatest
+    # here; pyspark 4.3 carries no metrics for Python sources (PythonMicroBatchStream is not
+    # ReportsSourceMetrics): see the README. This fails the day pyspark starts carrying them.
+    assert first.get("metrics", {}) == {}
     want = [(0, i) for i in range(900)] + [(1, i) for i in range(90)] + [(2, i) for i in range(10)]
     assert sink_rows(spark, str(tmp_path / "out")) == want
 
@@ -120,6 +124,8 @@ def test_default_start_is_latest_and_new_partitions_are_read_from_earliest(spark
 
 
 def test_stream_option_errors_name_the_option(spark, bootstrap, topics, checkpoint):
+    """KafkaSourceProviderSuite / KafkaMicroBatchSourceSuite "bad source options": a batch-only
+    option on readStream fails the query when it starts, with our message naming the option."""
     t = topics.new(1)
     df = stream(spark, bootstrap, t, endingOffsets="latest")
     with pytest.raises(Exception) as info:
@@ -128,4 +134,6 @@ def test_stream_option_errors_name_the_option(spark, bootstrap, topics, checkpoi
         q.awaitTermination(60)
         if q.exception():
             raise q.exception()
-    assert "option 'endingoffsets'" in str(info.value).lower()
+    text = str(info.value)
+    assert "option 'endingOffsets': applies to batch reads only" in text, text
+    assert "UnboundLocalError" not in text                 # pyspark's own error no longer masks ours
