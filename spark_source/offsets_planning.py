@@ -233,7 +233,8 @@ def split_ranges(ranges: Iterable[OffsetRange], min_partitions: int | None = Non
     total = sum(r.size for r in rs)
 
     def part_count(size: int, total_size: int, min_parts: int) -> int:
-        return max(math.ceil(size / total_size * min_parts), 1) if total_size else 1
+        # Spark's math.round: half up (Python's round() would round half to even).
+        return max(math.floor(size / total_size * min_parts + 0.5), 1) if total_size else 1
 
     unsplit = [r for r in rs if part_count(r.size, total, min_partitions) == 1]
     split_total = total - sum(r.size for r in unsplit)

@@ -261,3 +261,53 @@ def test_filters_on_unknown_columns_or_types_are_returned():
     f = EqualTo(("offset",), 3)
     c, remaining = push([f], ["key", "value"])                        # offset not in the output
     assert remaining == [f]
+
+
+# ---------------------------------------------------------------- KafkaOffsetRangeCalculatorSuite, case by case
+def _r(tp, lo, hi):
+    return OffsetRange(tp, 1, lo, hi)
+
+
+@pytest.mark.parametrize("spark_test,min_partitions,given,expected", [
+    ("with no minPartition: N TopicPartitions to N offset ranges", None,
+     [("t1", 1, 2)], [("t1", 1, 2)]),
+    ("with no minPartition: empty ranges ignored", None,
+     [("t1", 1, 2), ("t2", 1, 1)], [("t1", 1, 2)]),
+    ("with minPartition = 3: N TopicPartitions to N offset ranges", 3,
+     [("t1", 1, 2), ("t2", 1, 2), ("t3", 1, 2)], [("t1", 1, 2), ("t2", 1, 2), ("t3", 1, 2)]),
+    ("with minPartition = 4: 1 TopicPartition to N offset ranges", 4,
+     [("t1", 1, 5)], [("t1", 1, 2), ("t1", 2, 3), ("t1", 3, 4), ("t1", 4, 5)]),
+    ("with minPartition = 4: N skewed TopicPartitions to M offset ranges", 4,
+     [("t1", 1, 5), ("t2", 1, 21)], [("t1", 1, 5), ("t2", 1, 7), ("t2", 7, 14), ("t2", 14, 21)]),
+    ("with minPartition = 4: SPARK-30656: ignore empty ranges and split the rest", 4,
+     [("t1", 1, 1), ("t2", 1, 21)], [("t2", 1, 6), ("t2", 6, 11), ("t2", 11, 16), ("t2", 16, 21)]),
+    ("with minPartition = 4: SPARK-30656: N very skewed TopicPartitions to M offset ranges", 4,
+     [("t1", 1, 2), ("t2", 1, 1001)], [("t1", 1, 2), ("t2", 1, 334), ("t2", 334, 667), ("t2", 667, 1001)]),
+    ("with minPartition = 1: SPARK-30656: minPartitions less than the length of topic partitions", 1,
+     [("t1", 1, 5), ("t2", 1, 21)], [("t1", 1, 5), ("t2", 1, 21)]),
+    ("with minPartition = 3: range inexact multiple of minPartitions", 3,
+     [("t1", 1, 11)], [("t1", 1, 4), ("t1", 4, 7), ("t1", 7, 11)]),
+    ("with minPartition = 4: empty ranges ignored", 4,
+     [("t1", 1, 5), ("t2", 1, 21), ("t3", 1, 1)], [("t1", 1, 5), ("t2", 1, 7), ("t2", 7, 14), ("t2", 14, 21)]),
+    ("with minPartition = 6: SPARK-28489: never drop offsets", 6,
+     [("t1", 0, 10), ("t2", 0, 10), ("t3", 0, 1)],
+     [("t1", 0, 3), ("t1", 3, 6), ("t1", 6, 10), ("t2", 0, 3), ("t2", 3, 6), ("t2", 6, 10), ("t3", 0, 1)]),
+    ("with minPartition = 9: SPARK-36576: 0 small unsplit ranges and 3 large split ranges", 9,
+     [("t1", 0, 10000), ("t2", 0, 15000), ("t3", 0, 20000)],
+     [("t1", 0, 5000), ("t1", 5000, 10000), ("t2", 0, 5000), ("t2", 5000, 10000), ("t2", 10000, 15000),
+      ("t3", 0, 5000), ("t3", 5000, 10000), ("t3", 10000, 15000), ("t3", 15000, 20000)]),
+    ("with minPartition = 6: SPARK-36576: 1 small unsplit range and 2 large split ranges", 6,
+     [("t1", 0, 500), ("t2", 0, 12000), ("t3", 0, 15001)],
+     [("t1", 0, 500), ("t2", 0, 6000), ("t2", 6000, 12000), ("t3", 0, 5000), ("t3", 5000, 10000),
+      ("t3", 10000, 15001)]),
+    ("with minPartition = 6: SPARK-36576: 2 small unsplit ranges and 1 large split range", 6,
+     [("t1", 0, 1), ("t2", 0, 1), ("t3", 0, 10000)],
+     [("t1", 0, 1), ("t2", 0, 1), ("t3", 0, 2500), ("t3", 2500, 5000), ("t3", 5000, 7500), ("t3", 7500, 10000)]),
+    ("with minPartition = 4: SPARK-46798: locations not set when ranges split (the ranges)", 4,
+     [("t1", 0, 1), ("t2", 0, 1), ("t3", 0, 2)], [("t1", 0, 1), ("t2", 0, 1), ("t3", 0, 1), ("t3", 1, 2)]),
+])
+def test_kafka_offset_range_calculator_suite(spark_test, min_partitions, given, expected):
+    """KafkaOffsetRangeCalculatorSuite, each case by its Spark test name (executor
+    locations have no meaning here: tasks fetch from the partition's leader)."""
+    out = split_ranges([_r(*g) for g in given], min_partitions)
+    assert out == [_r(*e) for e in expected], spark_test
