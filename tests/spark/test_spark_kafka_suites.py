@@ -31,6 +31,7 @@ class Collected:
         self.rows += [tuple(r) for r in batch_df.collect()]
 
 
+@pytest.mark.long          # a running query waits for the cluster: 1-2 minutes on a busy machine
 def test_stream_subscribed_to_a_topic_that_does_not_exist_yet_reads_it_when_it_appears(
         spark, bootstrap, topics, checkpoint):
     """KafkaMicroBatchSourceSuite "subscribing topic by pattern with topic deletions" (a topic
@@ -61,6 +62,7 @@ def test_stream_subscribed_to_a_topic_that_does_not_exist_yet_reads_it_when_it_a
     assert sorted(sink.rows) == [(0, i, f"0:{i}") for i in range(7)] + [(1, i, f"1:{i}") for i in range(3)]
 
 
+@pytest.mark.long          # two stateful aggregation queries: ~1.5 minutes on a busy machine
 def test_complete_mode_aggregation_is_appended_once_per_batch(spark, bootstrap, topics, checkpoint):
     """KafkaSinkSuite "streaming - write aggregation w/o topic field, with topic option": Complete
     output mode writes each batch's whole result to the topic (a log of updates), exactly once

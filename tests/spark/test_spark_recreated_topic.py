@@ -67,6 +67,7 @@ def test_recreated_while_stopped_fails_available_now(spark, bootstrap, topics, c
     assert len(sink.rows) == 20
 
 
+@pytest.mark.long          # a running query waits for the cluster: 1-2 minutes on a busy machine
 def test_recreated_between_batches_delivers_the_new_topic_without_fail_on_data_loss(spark, bootstrap, topics,
                                                                                    checkpoint):
     """KafkaDontFailOnDataLossSuite "failOnDataLoss=false should not return duplicated records:
