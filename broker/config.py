@@ -302,20 +302,20 @@ class NonEmptyPaths(Validator):
 
 
 class HttpListener(Validator):
-    """``http://host:port`` (port 0 = any free port), or empty for none."""
+    """``http://host:port`` or ``https://host:port`` (port 0 = any free port), or empty for none."""
 
     def __call__(self, value: str) -> str:
         if not value:
             return ""
-        m = re.fullmatch(r"http://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]\s]*):([0-9]+)/?", value, re.IGNORECASE)
+        m = re.fullmatch(r"(https?)://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]\s]*):([0-9]+)/?", value, re.IGNORECASE)
         if not m:
-            raise ValueError(f"{value!r} is not http://host:port")
-        if int(m.group(2)) > 65535:
-            raise ValueError(f"port {m.group(2)} is out of range")
-        return f"http://{m.group(1)}:{int(m.group(2))}"
+            raise ValueError(f"{value!r} is not http://host:port or https://host:port")
+        if int(m.group(3)) > 65535:
+            raise ValueError(f"port {m.group(3)} is out of range")
+        return f"{m.group(1).lower()}://{m.group(2)}:{int(m.group(3))}"
 
     def describe(self) -> str:
-        return "http://host:port (port 0 = any free port) or empty"
+        return "http://host:port or https://host:port (port 0 = any free port) or empty"
 
 
 #: log4j's level names (broker/log_levels.py maps them to Python's).
@@ -324,12 +324,13 @@ LOG_LEVEL_NAMES = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 LOGGER_LEVEL_PREFIX = "log.level."
 
 
-def http_listener_address(value: str) -> tuple[str, int] | None:
-    """``metrics.listener``'s (host, port), or None when it is empty."""
+def http_listener_address(value: str) -> tuple[str, str, int] | None:
+    """``metrics.listener``'s (scheme, host, port), or None when it is empty."""
     if not value:
         return None
-    host, _, port = value[len("http://"):].rstrip("/").rpartition(":")
-    return host.strip("[]"), int(port)
+    scheme, _, rest = value.partition("://")
+    host, _, port = rest.rstrip("/").rpartition(":")
+    return scheme, host.strip("[]"), int(port)
 
 
 # --------------------------------------------------------------------------
@@ -549,7 +550,9 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
     # monitoring and logs
     _k("metrics.listener", STRING, "http://127.0.0.1:0", "address",
        "HTTP port serving /metrics (Prometheus), the status page and /loggers; port 0 = any free port "
-       "(published in the broker's registration); empty = none.", HttpListener()),
+       "(published in the broker's registration); empty = none. https:// serves TLS with the ssl.* PEM files; "
+       "with authorizer.class.name set it is HTTPS only and every request needs a principal and ACLs.",
+       HttpListener()),
     _k("metrics.recording.enable", BOOLEAN, True, "bool",
        "Count requests, bytes and ISR changes on the hot paths (scrape-time gauges are always available)."),
     _k("log.level", STRING, "INFO", "enum",

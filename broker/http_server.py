@@ -12,12 +12,15 @@ Routes:
 * ``GET /loggers``: levels as JSON; ``POST /loggers`` with ``logger=NAME&level=LEVEL``
   (form or query) changes one at runtime.
 
-Authentication: every request goes through :attr:`BrokerHttpServer.authenticate`
+Security: every request goes through :attr:`BrokerHttpServer.authenticate`
 (``environ -> principal``, raising :class:`errors.AuthenticationError` to refuse
-with 401), allow-all by default. Security replaces it with the broker's own
-authenticator so the page and the metrics sit behind the same credentials as
-the RPCs; ``POST /loggers`` also asks :attr:`authorize_alter` (ClusterAction
-on the cluster, in Kafka's terms).
+with 401) and :attr:`BrokerHttpServer.authorize` (``(principal, environ)``,
+raising :class:`errors.AuthorizationError` to refuse with 403), allow-all by
+default. With an authorizer configured, :func:`start_http` plugs in
+``http_security.HttpSecurity`` (the broker's own credentials, principals and
+ACLs) and serves HTTPS only (``tls_context``): the TLS handshake runs in the
+connection's thread, and a plain HTTP request to the port is answered 400
+naming the scheme to use.
 
 Thread-safety: one thread per connection (bounded by ``MAX_THREADS``: beyond it
 a connection waits in the listen backlog); handlers only read broker state.
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import socketserver
+import ssl
 import threading
 import urllib.parse
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -39,6 +44,16 @@ from replikafka.broker import log_levels
 log = logging.getLogger("replikafka.http")
 MAX_THREADS = 16
 POST_BODY_BYTES_MAX = 64 << 10
+IO_TIMEOUT_S = 30.0           # a connection's TLS handshake, request and reply each get this long
+PLAIN_HTTP_DRAIN_BYTES_MAX = 64 << 10
+TLS_HANDSHAKE_RECORD = b"\x16"
+
+
+def _plain_http_refusal() -> bytes:
+    body = (b"this port serves HTTPS only: use https:// (with a user's name and password, "
+            b"or a client certificate)\n")
+    return (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
@@ -48,6 +63,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(MAX_THREADS)
+        self.tls_context: ssl.SSLContext | None = None   # set: HTTPS only
 
     def process_request(self, request, client_address):
         self._slots.acquire()
@@ -55,28 +71,73 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     def process_request_thread(self, request, client_address):
         try:
+            if self.tls_context is not None:
+                secured = self._handshake(request, client_address)
+                if secured is None:
+                    self.shutdown_request(request)
+                    return
+                request = secured
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
 
+    def _handshake(self, sock: socket.socket, client_address) -> ssl.SSLSocket | None:
+        """TLS on an accepted connection (in its own thread: a slow client holds only its
+        slot); a plain HTTP request is answered 400 naming HTTPS. None: refused."""
+        sock.settimeout(IO_TIMEOUT_S)
+        try:
+            first = sock.recv(1, socket.MSG_PEEK)
+            if first and first != TLS_HANDSHAKE_RECORD:
+                sock.sendall(_plain_http_refusal())
+                sock.shutdown(socket.SHUT_WR)
+                drained = 0   # read what the client sent, so closing does not reset the reply away
+                while drained < PLAIN_HTTP_DRAIN_BYTES_MAX:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    drained += len(chunk)
+                return None
+            return self.tls_context.wrap_socket(sock, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            log.debug("HTTPS handshake with %s failed: %s", client_address[0], exc)
+            return None
+
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = IO_TIMEOUT_S
+
     def log_message(self, format, *args):   # not one broker-log line per scrape
         log.debug("%s %s", self.address_string(), format % args)
+
+    def get_environ(self):
+        environ = super().get_environ()
+        if isinstance(self.connection, ssl.SSLSocket):
+            from replikafka.broker.http_security import PEER_SUBJECT
+            environ["HTTPS"] = "on"
+            der = self.connection.getpeercert(binary_form=True)   # verified against ssl.ca.location
+            if der:
+                environ[PEER_SUBJECT] = certificate_subject(der)
+        return environ
+
+
+def certificate_subject(der: bytes) -> str:
+    """A certificate's subject as gRPC shows it to ``ssl.principal.mapping.rules`` (RFC 4514)."""
+    from cryptography import x509
+    return x509.load_der_x509_certificate(der).subject.rfc4514_string()
 
 
 def open_access(environ) -> str:
     return "User:ANONYMOUS"
 
 
-def allow_all(principal: str, environ) -> bool:
-    return True
+def allow_all(principal: str, environ) -> None:
+    return None
 
 
 class BrokerHttpServer:
     def __init__(self, host: str, port: int, registry, status_view=None, local_replicas=None):
-        self.authenticate = open_access            # security: environ -> principal (raise to refuse)
-        self.authorize_alter = allow_all           # security: may this principal change log levels?
+        self.authenticate = open_access            # security: environ -> principal (raise to refuse: 401)
+        self.authorize = allow_all                 # security: (principal, environ), raise to refuse: 403
         self.metrics_app = make_wsgi_app(registry)
         self.status_view = status_view             # status_page.ClusterView, or None (no page)
         self.local_replicas = local_replicas       # (tps or None) -> dict
@@ -87,7 +148,11 @@ class BrokerHttpServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.server.tls_context is not None else 'http'}://{self.host}:{self.port}"
+
+    def serve_tls(self, context: ssl.SSLContext) -> None:
+        """HTTPS only from now on (before :meth:`start`)."""
+        self.server.tls_context = context
 
     def start(self) -> "BrokerHttpServer":
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.5},
@@ -105,8 +170,12 @@ class BrokerHttpServer:
     def app(self, environ, start_response):
         try:
             principal = self.authenticate(environ)
-        except E.ReplikafkaError as exc:
-            return _reply(start_response, "401 Unauthorized", "text/plain", f"{exc}\n")
+            self.authorize(principal, environ)
+        except E.AuthorizationError as exc:
+            return _reply(start_response, "403 Forbidden", "text/plain", f"{exc.message}\n")
+        except E.ReplikafkaError as exc:   # authentication failed: ask for credentials
+            return _reply(start_response, "401 Unauthorized", "text/plain", f"{exc.message}\n",
+                          [("WWW-Authenticate", 'Basic realm="replikafka", charset="UTF-8"')])
         path = environ.get("PATH_INFO", "/")
         method = environ.get("REQUEST_METHOD", "GET")
         query = environ.get("QUERY_STRING", "")
@@ -134,9 +203,6 @@ class BrokerHttpServer:
             return _reply(start_response, "500 Internal Server Error", "text/plain", f"{type(exc).__name__}: {exc}\n")
 
     def _set_logger(self, environ, principal: str, start_response):
-        if not self.authorize_alter(principal, environ):
-            return _reply(start_response, "403 Forbidden", "text/plain",
-                          f"{principal} may not change log levels\n")
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
@@ -156,10 +222,10 @@ class BrokerHttpServer:
         return _json(start_response, {"logger": name or "root", "level": set_to})
 
 
-def _reply(start_response, status: str, content_type: str, body: str):
+def _reply(start_response, status: str, content_type: str, body: str, headers: list | None = None):
     data = body.encode()
     start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(data))),
-                            ("Cache-Control", "no-store")])
+                            ("Cache-Control", "no-store")] + (headers or []))
     return [data]
 
 
@@ -168,25 +234,55 @@ def _json(start_response, value):
 
 
 def start_http(broker) -> BrokerHttpServer | None:
-    """Serve ``metrics.listener`` for a starting broker (None when it is empty)."""
+    """Serve ``metrics.listener`` for a starting broker (None when it is empty). With an
+    authorizer it is HTTPS only behind the broker's own authentication and ACLs, and the
+    status page asks its peers with the broker's inter-broker credentials."""
     from replikafka.broker.config import http_listener_address
     from replikafka.broker.status_page import ClusterView, local_replicas
 
     address = http_listener_address(broker.config.get("metrics.listener"))
     if address is None:
         return None
-    host, port = address
+    scheme, host, port = address
+    security = broker.security
+    secured = security.authorizer_enabled
+    peers = PeerHttp(security.inter_broker if (secured or scheme == "https") else None)
     try:
         server = BrokerHttpServer(
             host, port, broker.metrics.registry,
-            status_view=ClusterView(broker, lambda: peer_http_urls(broker.store)),
+            status_view=ClusterView(broker, lambda: peer_http_urls(broker.store), opener=peers.open),
             local_replicas=lambda tps: local_replicas(broker.replica_manager, tps))
     except OSError as exc:
         raise E.InvalidConfigError(f"metrics.listener: cannot bind {host}:{port}: {exc}") from None
+    if secured or scheme == "https":
+        from replikafka.broker.http_security import HttpSecurity, server_context
+        try:
+            server.serve_tls(server_context(broker.config))
+        except BaseException:
+            server.server.server_close()
+            raise
+        if secured:
+            gate = HttpSecurity(security)
+            server.authenticate, server.authorize = gate.authenticate, gate.authorize
     server.host = host or broker.endpoint.host   # bound to every interface: published as the broker's host
     server.start()
-    log.info("broker %d: metrics at %s/metrics, status page at %s/", broker.broker_id, server.url, server.url)
+    log.info("broker %d: metrics at %s/metrics, status page at %s/%s", broker.broker_id, server.url, server.url,
+             " (HTTPS only; a principal and Describe on the cluster needed)" if secured else "")
     return server
+
+
+class PeerHttp:
+    """How this broker asks other brokers' HTTP ports (the status page's ``/replicas.json``):
+    over HTTPS with its inter-broker TLS and credentials when it has them."""
+
+    def __init__(self, client_security=None):
+        self.headers = client_security.http_headers() if client_security is not None else {}
+        self.context = client_security.https_context() if client_security is not None else None
+
+    def open(self, url: str, timeout: float):
+        import urllib.request
+        request = urllib.request.Request(url, headers=self.headers)
+        return urllib.request.urlopen(request, timeout=timeout, context=self.context)
 
 
 def peer_http_urls(store) -> dict[int, str]:

@@ -186,7 +186,12 @@ class BrokerSecurity:
     def sasl_principal(self, token: str) -> str:
         """``User:<name>`` for an ``authorization`` value whose password matches the user's
         SCRAM credential; SASL_AUTHENTICATION_FAILED otherwise (also used by Flight)."""
-        mechanism, user, password = tls.decode_sasl_token(token)
+        return self.password_principal(*tls.decode_sasl_token(token))
+
+    def password_principal(self, mechanism: str, user: str, password: str) -> str:
+        """``User:<name>`` when ``password`` matches the user's SCRAM credential in ZooKeeper
+        (``mechanism`` must be enabled); SASL_AUTHENTICATION_FAILED otherwise. The one
+        password check: SASL_SSL calls, Flight and the HTTP port's Basic auth use it."""
         if mechanism not in self.mechanisms:
             raise E.SaslAuthenticationFailedError(f"sasl.mechanism {mechanism} is not enabled on this broker "
                                                   f"(sasl.enabled.mechanisms={','.join(self.mechanisms)})")
@@ -204,23 +209,23 @@ class BrokerSecurity:
         if self.authorizer is None:
             return
         if spec.kind == "cluster" or (spec.name == "Fetch" and request.replica_id >= 0):
-            self._require(ctx, "ClusterAction", CLUSTER)
+            self.require(ctx, "ClusterAction", CLUSTER)
             return
         if spec.name in CLUSTER_OPERATIONS:
-            self._require(ctx, CLUSTER_OPERATIONS[spec.name], CLUSTER)
+            self.require(ctx, CLUSTER_OPERATIONS[spec.name], CLUSTER)
             return
         if spec.name in HANDLER_DECIDES:
             return   # Metadata: the handler lists only what the caller may Describe
         op = TOPIC_OPERATIONS.get(spec.name)
         if op is None:   # fail closed: an RPC nobody wrote a rule for is for brokers only
-            self._require(ctx, "ClusterAction", CLUSTER)
+            self.require(ctx, "ClusterAction", CLUSTER)
             return
         for topic in topics_of(spec.name, request):
             if op == "Create" and self.allowed(ctx, "Create", CLUSTER):
                 continue   # Kafka: Create on the cluster covers every new topic
-            self._require(ctx, op, ("Topic", topic))
+            self.require(ctx, op, ("Topic", topic))
 
-    def _require(self, ctx, operation: str, resource: tuple[str, str]) -> None:
+    def require(self, ctx, operation: str, resource: tuple[str, str]) -> None:
         if not self.allowed(ctx, operation, resource):
             self.refusals.log(logging.INFO, (ctx.principal, ctx.peer_host, ctx.method, operation, resource),
                               "refused %s: %s (host %s) lacks %s on %s %r", ctx.method, ctx.principal,

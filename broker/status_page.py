@@ -232,9 +232,10 @@ class ClusterView:
     metadata cache, brokers, controller and reassignments from ZooKeeper, offsets
     from the leaders' ``/replicas.json`` (this broker's own answered in-process)."""
 
-    def __init__(self, broker, peer_http_urls):
+    def __init__(self, broker, peer_http_urls, opener=None):
         self.broker = broker
         self.peer_http_urls = peer_http_urls     # () -> {broker id: "http://host:port"}
+        self.opener = opener or urllib.request.urlopen   # (url, timeout) -> response (with the broker's credentials)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="status-page")
 
     def snapshot(self) -> ClusterSnapshot:
@@ -277,7 +278,7 @@ class ClusterView:
             if not url:
                 return {}
             query = urllib.parse.urlencode([("tp", f"{t}:{p}") for t, p in tps])
-            with urllib.request.urlopen(f"{url}/replicas.json?{query}", timeout=PEER_TIMEOUT_S) as resp:
+            with self.opener(f"{url}/replicas.json?{query}", timeout=PEER_TIMEOUT_S) as resp:
                 return json.loads(resp.read())
 
         futures = {self.pool.submit(ask, leader, group): group for leader, group in by_leader.items()}

@@ -125,7 +125,7 @@ class LocalCluster:
             **(self.security.broker_overrides() if self.security is not None else {}),
             "log.dirs": os.path.join(self.base_dir, f"broker-{broker_id}-logs"),
             "zookeeper.connect": self.zookeeper_connect,
-            "metrics.listener": f"http://127.0.0.1:{self.metrics_ports[broker_id]}",
+            "metrics.listener": self.metrics_url(broker_id),
             **self.overrides,
             **self.broker_overrides.get(broker_id, {}),
         }
@@ -258,8 +258,9 @@ class LocalCluster:
         return ",".join(f"127.0.0.1:{self.ports[b]}" for b in self.ids)
 
     def metrics_url(self, broker_id: int) -> str:
-        """The broker's HTTP port: /metrics, the status page at /, /loggers."""
-        return f"http://127.0.0.1:{self.metrics_ports[broker_id]}"
+        """The broker's HTTP port: /metrics, the status page at /, /loggers (HTTPS on a secure cluster)."""
+        scheme = "https" if self.security is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.metrics_ports[broker_id]}"
 
     def address(self, broker_id: int) -> str:
         return f"127.0.0.1:{self.ports[broker_id]}"

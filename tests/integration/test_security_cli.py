@@ -26,6 +26,18 @@ def test_secure_local_cluster_and_command_config(tmp_path):
         sasl_props = re.search(r"over SASL_SSL \(password\): (\S+)", out).group(1)
         zk = re.search(r"zookeeper: (\S+)", out).group(1)
         assert "sasl.password" not in out and "ssl.key.password" not in out
+        # the metrics / status page URLs are https, and the printed curl lines work as printed
+        assert re.search(r"broker 1: metrics https://127\.0\.0\.1:\d+/metrics, status page https://", out), out
+        curls = [line.strip() for line in out.splitlines() if line.strip().startswith("curl ")]
+        assert len(curls) == 2, out
+        for line in curls:
+            r = subprocess.run(line + " --fail --silent --show-error", shell=True, capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0 and ("kafka_server_" in r.stdout or '"brokers"' in r.stdout), (line, r.stderr)
+        anonymous = re.sub(r" --(cert|key|netrc-file) \S+", "", curls[0])
+        r = subprocess.run(anonymous + " --silent --write-out '%{http_code}'", shell=True, capture_output=True,
+                           text=True, timeout=60)
+        assert r.stdout.endswith("401") and "needs a principal" in r.stdout, r.stdout
         r = _cli("topics", "--bootstrap-server", ssl_bs, "--command-config", ssl_props, "--create",
                  "--topic", "t", "--partitions", "1", "--replication-factor", "1")
         assert r.returncode == 0, r.stderr

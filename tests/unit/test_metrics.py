@@ -263,14 +263,17 @@ def test_http_port_authentication_and_authorization_hooks(http):
         if environ.get("HTTP_AUTHORIZATION") != "Bearer ok":
             raise E.AuthenticationError("no credentials")
         return "User:ops"
+    def authorize(principal, environ):
+        if environ["REQUEST_METHOD"] == "POST" and principal != "User:admin":
+            raise E.ClusterAuthorizationFailedError(f"{principal} is not allowed Alter on Cluster")
     http.authenticate = authenticate
-    http.authorize_alter = lambda principal, environ: principal == "User:admin"
+    http.authorize = authorize
     assert get(http.url + "/metrics")[0] == 401
     req = urllib.request.Request(http.url + "/metrics", headers={"Authorization": "Bearer ok"})
     assert get(req)[0] == 200
     req = urllib.request.Request(http.url + "/loggers", data=b"logger=x&level=INFO",
                                  headers={"Authorization": "Bearer ok"})
-    assert get(req)[0] == 403
+    assert get(req) == (403, "User:ops is not allowed Alter on Cluster\n")
 
 
 def test_log_levels_from_config():

@@ -94,6 +94,13 @@ def _print_secure(cluster, security) -> None:
     print("  use it with: replikafka topics --bootstrap-server "
           f"{cluster.bootstrap_for('SSL').split(',')[0]} --command-config {files['SSL']} --list")
     print(f"  in Python: replikafka.Admin({{'bootstrap.servers': ..., **properties}})")
+    cert = security.user_certs["admin"]
+    url = cluster.metrics_url(cluster.ids[0])
+    print("metrics and status pages are HTTPS only; each request needs a principal with Describe on the cluster "
+          "(POST /loggers: Alter), e.g. as admin by certificate or by password:")
+    print(f"    curl --cacert {cert.ca} --cert {cert.certificate} --key {cert.key} {url}/metrics")
+    print(f"    curl --cacert {cert.ca} --netrc-file {security.write_netrc('127.0.0.1')} {url}/status.json")
+    print("  in a browser: import the CA, then sign in with a user's name and password (HTTP Basic)")
     print(f"ZooKeeper is secured (zookeeper.set.acl=true); for acls/configs/--zookeeper tools: "
           f"export REPLIKAFKA_ZK_DIGEST={user}:$(cat {security.zk_digest_file()})")
 

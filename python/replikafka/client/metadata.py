@@ -23,12 +23,27 @@ from replikafka.records import KAFKA_SCHEMA, schema_from_bytes, stored_schema, t
 
 
 # A broker answers Metadata from its cache at once; one that does not within
-# this time is likely hung (e.g. stopped), so the next candidate is tried.
+# this time is likely hung (e.g. stopped), so the next candidate is tried
+# (Kafka's socket.connection.setup.timeout.ms plays this part for its clients).
 METADATA_ATTEMPT_S = 5.0
-# Until some broker has answered once, a client stops trying after this long
-# (seconds): a wrong bootstrap address is reported at once, naming it, instead
-# of after the whole request timeout.
+# The shortest attempt an address gets when the time left is shared among the
+# addresses still untried in a round (a healthy broker answers well within it).
+METADATA_ATTEMPT_MIN_S = 1.0
+# Until some broker has answered once, a client gives up after this long
+# (seconds) once every address has had its attempt and failed: a wrong bootstrap
+# address is reported soon, naming it, instead of after the whole request timeout.
+# It never cuts an address's attempt short: each is tried within the deadline.
 BOOTSTRAP_UNREACHABLE_S = 5.0
+
+
+def attempt_budget_s(remaining_s: float, untried: int, request_timeout_s: float) -> float:
+    """How long one address may take to answer a Metadata request: bounded by
+    :data:`METADATA_ATTEMPT_S` and the request timeout, and by a fair share of
+    the time left among the ``untried`` addresses of this round (at least
+    :data:`METADATA_ATTEMPT_MIN_S`), so a hung first address cannot use up the
+    deadline before the next one is tried."""
+    share = max(remaining_s / max(untried, 1), METADATA_ATTEMPT_MIN_S)
+    return max(0.0, min(remaining_s, request_timeout_s, METADATA_ATTEMPT_S, share))
 
 
 @dataclass(frozen=True)
@@ -200,19 +215,20 @@ class ClusterMetadata:
                 timeout_ms: int | None = None, if_version: int | None = None) -> None:
         """Fetch metadata for the tracked topics plus ``topics`` (or every topic).
 
-        Tries each known broker and then the bootstrap servers, backing off
-        between rounds, until one answers or ``timeout_ms`` (default: the
-        request timeout) passes; then raises :class:`BrokerNotAvailableError`.
-        With ``if_version``: does nothing if a refresh completed since that
-        version was read.
+        Tries each known broker and then the bootstrap servers, each for a
+        bounded attempt (:func:`attempt_budget_s`), backing off between rounds,
+        until one answers or ``timeout_ms`` (default: the request timeout)
+        passes; then raises :class:`BrokerNotAvailableError`. A client that
+        never reached the cluster gives up sooner, after
+        :data:`BOOTSTRAP_UNREACHABLE_S`, but only at the end of a round in which
+        every address was tried. With ``if_version``: does nothing if a refresh
+        completed since that version was read.
         """
         topics = list(topics)
         with self._lock:
             self._wanted.update(topics)
         start = time.monotonic()
         deadline = start + (self._request_timeout_s if timeout_ms is None else timeout_ms / 1000)
-        if self._version == 0:  # never reached the cluster: a wrong address fails fast
-            deadline = min(deadline, start + BOOTSTRAP_UNREACHABLE_S)
         with self._refresh_lock:
             if if_version is not None and self.version != if_version:
                 return
@@ -220,35 +236,39 @@ class ClusterMetadata:
                 wanted = sorted(self._wanted)
             request = pb.MetadataRequest(topics=[] if all_topics else wanted, all_topics=all_topics)
             backoff = self._backoff_s
-            last: E.ReplikafkaError | None = None
+            failures: dict[str, E.ReplikafkaError] = {}   # each address's last failure, named in the error
             while True:
-                for target in self.candidates():
+                candidates = self.candidates()
+                for i, target in enumerate(candidates):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     try:
-                        response = self._pool.call(target, "Metadata", request,
-                                                   min(remaining, self._request_timeout_s, METADATA_ATTEMPT_S))
+                        response = self._pool.call(target, "Metadata", request, attempt_budget_s(
+                            remaining, len(candidates) - i, self._request_timeout_s))
                     except E.AuthenticationError:
                         raise   # wrong credentials or certificates: retrying cannot help
                     except E.ReplikafkaError as exc:
-                        last = exc
+                        failures[target] = exc
                         continue
                     if not response.brokers:
                         # A broker that just started has no metadata yet (not even itself).
-                        last = E.LeaderNotAvailableError(f"broker {target} has no cluster metadata yet")
+                        failures[target] = E.LeaderNotAvailableError(f"broker {target} has no cluster metadata yet")
                         continue
                     self._apply(response, request)
                     return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if self._version == 0:
+                now = time.monotonic()
+                remaining = deadline - now
+                never_reached = self._version == 0
+                if remaining <= 0 or (never_reached and now - start >= BOOTSTRAP_UNREACHABLE_S):
+                    why = "; ".join(f"{t}: {exc}" for t, exc in failures.items())
+                    if never_reached:
                         raise E.BrokerNotAvailableError(
                             f"could not reach any bootstrap server ({','.join(self._bootstrap)}) within "
-                            f"{time.monotonic() - start:.0f} s" + (f"; last error: {last}" if last else ""))
+                            f"{time.monotonic() - start:.1f} s" + (f"; last errors: {why}" if why else ""))
                     raise E.BrokerNotAvailableError(
                         f"no broker answered a metadata request (bootstrap {','.join(self._bootstrap)})"
-                        + (f"; last error: {last}" if last else ""))
+                        + (f"; last errors: {why}" if why else ""))
                 time.sleep(min(backoff, remaining))
                 backoff = min(backoff * 2, 1.0)
 

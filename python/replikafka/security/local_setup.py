@@ -81,6 +81,15 @@ class SecureSetup:
             out[protocol] = path
         return out
 
+    def write_netrc(self, host: str, user: str = ADMIN) -> str:
+        """A 0600 netrc file with ``user``'s password for ``host`` (``curl --netrc-file``: the
+        password stays off the command line and the terminal)."""
+        path = os.path.join(self.directory, f"{user}.netrc")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"machine {host} login {user} password {self.passwords[user]}\n")
+        return path
+
     def zk_digest_file(self) -> str:
         """A 0600 file holding the ZooKeeper digest password (not printed to the terminal)."""
         path = os.path.join(self.directory, "zookeeper-digest-password")

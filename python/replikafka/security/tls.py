@@ -251,6 +251,24 @@ class ClientSecurity:
         token = encode_sasl_token(self.sasl_mechanism, self.sasl_username, self.sasl_password)
         return [(b"authorization", f"Bearer {token}".encode())]
 
+    def https_context(self) -> ssl.SSLContext:
+        """Python's TLS client context for a broker's HTTPS port (``metrics.listener``): the CA
+        in ssl.ca.location (else the system's), and the client certificate when there is one."""
+        ctx = ssl.create_default_context(cafile=self.ca or None)
+        if self.certificate:
+            try:
+                ctx.load_cert_chain(self.certificate, self.key, password=self.key_password or None)
+            except (ssl.SSLError, OSError) as exc:
+                raise E.InvalidConfigError(f"ssl.certificate.location/ssl.key.location cannot be loaded: {exc}") from None
+        return ctx
+
+    def http_headers(self) -> dict[str, str]:
+        """Headers every HTTPS request carries (SASL_SSL: HTTP Basic with the username and password)."""
+        if self.protocol != "SASL_SSL":
+            return {}
+        pair = base64.b64encode(f"{self.sasl_username}:{self.sasl_password}".encode()).decode()
+        return {"Authorization": f"Basic {pair}"}
+
     def redacted(self) -> dict[str, str]:
         """The settings with secrets masked (for logs and plan strings)."""
         return {"security.protocol": self.protocol, "ssl.ca.location": self.ca,

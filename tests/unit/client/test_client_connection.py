@@ -101,3 +101,14 @@ def test_broker_info_names_each_listener():
     assert b.listener("FLIGHT") == "h:9192" and b.listener("flight") == "h:9192"
     assert b.listener("SSL") == "[::1]:9093" and b.listener("SASL_SSL") is None
     assert BrokerInfo(2, "h", 1).listener("FLIGHT") is None
+
+
+def test_metadata_attempt_budget_shares_the_time_left_among_untried_addresses():
+    from replikafka.client.metadata import METADATA_ATTEMPT_MIN_S, METADATA_ATTEMPT_S, attempt_budget_s
+    assert attempt_budget_s(30.0, 2, 30.0) == METADATA_ATTEMPT_S            # plenty of time: the bound
+    assert attempt_budget_s(4.0, 2, 30.0) == 2.0                            # a fair share
+    assert attempt_budget_s(4.0, 1, 30.0) == 4.0                            # the last address gets the rest
+    assert attempt_budget_s(2.0, 8, 30.0) == METADATA_ATTEMPT_MIN_S         # never below the floor...
+    assert attempt_budget_s(0.5, 8, 30.0) == 0.5                            # ...nor past the deadline
+    assert attempt_budget_s(30.0, 1, 2.0) == 2.0                            # nor the request timeout
+    assert attempt_budget_s(-1.0, 3, 30.0) == 0.0
