@@ -126,28 +126,34 @@ class ConnectionPool:
     def call(self, target: str, method: str, request, timeout_s: float):
         """Blocking unary call; raises the error tree on any failure."""
         fn = getattr(self.stub(target), method)
+        deadline = time.monotonic() + timeout_s
         try:
             return fn(request, timeout=max(timeout_s, 0.001))
         except grpc.RpcError as exc:
-            raise self._explained(from_rpc_error(exc, target), target) from None
+            raise self._explained(from_rpc_error(exc, target), target, deadline) from None
 
-    def _explained(self, err: E.ReplikafkaError, target: str) -> E.ReplikafkaError:
+    def _explained(self, err: E.ReplikafkaError, target: str, deadline: float) -> E.ReplikafkaError:
         """A transport failure that is really a TLS problem (untrusted or expired certificate,
         TLS spoken to a plaintext port or the reverse) becomes a non-retriable
-        SSL_AUTHENTICATION_FAILED naming the cause; anything else is returned as is."""
+        SSL_AUTHENTICATION_FAILED naming the cause; anything else is returned as is.
+        The diagnosis (a handshake) stays within the call's ``deadline``: a hung
+        broker must not hold the caller past the time it gave the call."""
         if not (isinstance(err, E.BrokerNotAvailableError) and err.message.startswith("broker unavailable")):
             return err
-        from replikafka.security.tls import diagnose
+        from replikafka.security.tls import DIAGNOSE_TIMEOUT_S, diagnose
         now = time.monotonic()
         when, cause = self._diagnosed.get(target, (-DIAGNOSIS_TTL_S, None))
         if now - when >= DIAGNOSIS_TTL_S:
-            cause = diagnose(target, self.security)
+            if deadline - now <= 0:
+                return err
+            cause = diagnose(target, self.security, min(DIAGNOSE_TIMEOUT_S, deadline - now))
             self._diagnosed[target] = (now, cause)
         return E.SslAuthenticationError(cause) if cause else err
 
     def call_bytes(self, target: str, path: str, request: bytes, response_parser, timeout_s: float):
         """Blocking unary call of ``path`` with an already serialized request."""
         self.stub(target)  # the channel, created if needed
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             fn = self._raw.get((target, path))
             if fn is None:
@@ -156,7 +162,7 @@ class ConnectionPool:
         try:
             return fn(request, timeout=max(timeout_s, 0.001))
         except grpc.RpcError as exc:
-            raise self._explained(from_rpc_error(exc, target), target) from None
+            raise self._explained(from_rpc_error(exc, target), target, deadline) from None
 
     def call_async(self, target: str, method: str, request, timeout_s: float) -> grpc.Future:
         """Starts a unary call and returns its grpc future; read it with :func:`result_of`."""

@@ -289,13 +289,14 @@ def split_client_config(config: Mapping[str, Any] | None) -> tuple[dict, dict]:
     return sec, rest
 
 
-def diagnose(target: str, security: ClientSecurity) -> str | None:
+def diagnose(target: str, security: ClientSecurity, timeout_s: float = DIAGNOSE_TIMEOUT_S) -> str | None:
     """Why a connection to ``target`` fails at the TLS level, in words, or None if the
-    handshake (and the server's first answer) is fine or the broker is not reachable."""
+    handshake (and the server's first answer) is fine or the broker is not reachable
+    (or does not answer within ``timeout_s`` per step)."""
     host, _, port = target.rpartition(":")
     host = host.strip("[]")
     try:
-        sock = socket.create_connection((host, int(port)), timeout=DIAGNOSE_TIMEOUT_S)
+        sock = socket.create_connection((host, int(port)), timeout=timeout_s)
     except OSError:
         return None
     try:
@@ -353,6 +354,8 @@ def diagnose(target: str, security: ClientSecurity) -> str | None:
             if "UNKNOWN_CA" in reason or "BAD_CERTIFICATE" in reason or "unknown ca" in str(exc):
                 return f"the broker at {target} does not trust our client certificate ({reason})"
             return f"TLS with {target} failed: {reason}"
+        except TimeoutError:
+            return None   # a hung broker (e.g. stopped) is unavailable, not a TLS problem: try the next
         except OSError as exc:
             return f"TLS with {target} failed: {exc}"
     finally:
