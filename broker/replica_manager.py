@@ -9,6 +9,7 @@ Partition has its own lock. Long-polling fetches wait on ``data_arrived``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -406,10 +407,27 @@ class ReplicaManager:
         (they stop serving and fetching), the controller is told through
         ``/log_dir_event_notification`` and moves their leadership to other in-sync replicas.
         With no log dir left the broker shuts down."""
+        path = self.logs.manager.dir_of(*tp)
+        if path is not None:   # else already offline (or deleted)
+            self._fail_dir(path, exc)
+
+    def handle_io_error(self, exc: BaseException) -> bool:
+        """An I/O error from background work (checkpoints, flushes, rolls, file creation on
+        a dir turned read-only): the log dir holding the file it names goes offline. False
+        if it names no file in an online log dir."""
+        err = exc if isinstance(exc, OSError) else exc.__cause__
+        name = getattr(err, "filename", None) if isinstance(err, OSError) else None
+        if not name:
+            return False
+        name = os.path.abspath(name)
+        for path in self.logs.manager.online_dirs():
+            if name == path or name.startswith(path + os.sep):
+                self._fail_dir(path, exc)
+                return True
+        return False
+
+    def _fail_dir(self, path: str, exc: BaseException) -> None:
         manager = self.logs.manager
-        path = manager.dir_of(*tp)
-        if path is None:
-            return      # already offline (or deleted)
         gone = manager.fail_dir(path, f"{type(exc).__name__}: {exc}")
         if not gone:
             return

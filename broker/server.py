@@ -21,7 +21,7 @@ from kazoo.client import KazooClient, KazooState
 
 from replikafka import errors as E
 from replikafka import records as R
-from replikafka.errors import UnknownTopicOrPartitionError
+from replikafka.errors import StorageError, UnknownTopicOrPartitionError
 from replikafka.client.connection import open_channel, target_of
 from replikafka.broker.admin_manager import AdminManager
 from replikafka.broker.config import BrokerConfig, Endpoint, log_config_for_topic
@@ -372,11 +372,19 @@ class BrokerServer:
         self.threads.append(t)
 
     def _maintain_logs(self) -> None:
-        self.log_manager.do_work(self.clock.time_ms())
+        try:
+            self.log_manager.do_work(self.clock.time_ms())
+        except (OSError, StorageError) as exc:   # a failed disk: its log dir goes offline (KIP-112)
+            if not self.replica_manager.handle_io_error(exc):
+                raise
         self.replica_manager.expire_producers()
 
     def _checkpoint_hw(self) -> None:
-        self.log_manager.checkpoint_high_watermarks(self.replica_manager.high_watermarks())
+        try:
+            self.log_manager.checkpoint_high_watermarks(self.replica_manager.high_watermarks())
+        except (OSError, StorageError) as exc:   # e.g. EROFS creating the checkpoint file: that dir goes offline
+            if not self.replica_manager.handle_io_error(exc):
+                raise
 
     # ------------------------------------------------------------ dynamic topic config
     def _watch_config_changes(self) -> None:

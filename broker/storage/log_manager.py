@@ -299,7 +299,7 @@ class LogManager:
 
     def _checkpoint(self, name: str, file_of, value_of) -> None:
         with self._lock:
-            per_dir: dict[_LogDir, dict] = {d: {} for d in self._dirs}
+            per_dir: dict[_LogDir, dict] = {d: {} for d in self._dirs if d.path not in self._offline_dirs}
             for tp, log_ in self._logs.items():
                 per_dir[self._log_dir_of[tp]][tp] = value_of(log_)
         for d, offsets in per_dir.items():

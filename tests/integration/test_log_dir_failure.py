@@ -74,3 +74,60 @@ def test_a_full_log_dir_goes_offline_and_leadership_moves_with_no_acknowledged_l
             cluster.stop()
     finally:
         _umount(small)
+
+
+def _bind_read_only(path: str) -> None:
+    for cmd in (["mount", "--bind", path, path], ["mount", "-o", "remount,bind,ro", path]):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot bind-mount read-only here ({done.stderr.strip() or done.returncode})")
+
+
+def test_a_log_dir_turning_read_only_at_runtime_goes_offline_with_no_acknowledged_loss(tmp_path, zk_connect):
+    base = str(tmp_path / "cluster")
+    ro = os.path.join(base, "broker-1-ro")
+    os.makedirs(ro)
+    cluster = LocalCluster(base, 3, zookeeper_connect=zk_connect, die_with_parent=True, overrides={
+        "zookeeper.session.timeout.ms": "4000", "replica.lag.time.max.ms": "4000",
+        "auto.leader.rebalance.enable": "false"},
+        broker_overrides={1: {"log.dirs": f"{ro},{os.path.join(base, 'broker-1-logs')}"}})
+    try:
+        cluster.start()
+        admin = replikafka.Admin(cluster.bootstrap_servers)
+        admin.create_topic("frozen", assignment={0: [1, 2, 3]})
+        assert os.path.isdir(os.path.join(ro, "frozen-0"))
+        producer = BackgroundProducer(cluster.bootstrap_servers, "frozen", 1, batch=20).start()
+        try:
+            wait_until(lambda: len(producer.log.acked) > 500, 60, what="some acknowledged writes")
+            _bind_read_only(ro)
+            wait_until(lambda: admin.describe_topic("frozen").partitions[0].leader != 1, 120,
+                       what="leadership to leave the broker whose log dir turned read-only")
+            moved_at = len(producer.log.acked)
+            wait_until(lambda: len(producer.log.acked) > moved_at + 500, 60, what="writes on the new leader")
+        finally:
+            log = producer.stop()
+        assert cluster.alive(1)
+        assert f"log dir {ro} is offline" in cluster.tail(1, 2000)
+        got = read_committed(cluster.bootstrap_servers, "frozen", 1)
+        lost = {k: v for k, v in log.acked.items() if got.get(k) != v}
+        assert not lost, f"{len(lost)} acknowledged records lost"
+        admin.close()
+    finally:
+        cluster.stop()
+        _umount(ro)
+
+
+def test_a_read_only_log_dir_at_start_is_one_line_naming_it(tmp_path, zk_connect):
+    import sys
+    ro = str(tmp_path / "ro-logs")
+    os.makedirs(ro)
+    _bind_read_only(ro)
+    try:
+        props = tmp_path / "b.properties"
+        props.write_text(f"broker.id=7\nlisteners=PLAINTEXT://127.0.0.1:0\nlog.dirs={ro}\nzookeeper.connect={zk_connect}\n")
+        done = subprocess.run([sys.executable, "-m", "replikafka", "broker", str(props)], capture_output=True,
+                              text=True, timeout=60)
+        out = done.stdout + done.stderr
+        assert done.returncode != 0 and ro in out and "Traceback" not in out, out
+    finally:
+        _umount(ro)
