@@ -151,17 +151,26 @@ class Partition:
             self.cond.notify_all()
             return ProduceResult(info.first_offset, info.last_offset, count)
 
+    def committed(self, offset_exclusive: int, min_insync: int) -> bool:
+        """acks=all: has the HW reached ``offset_exclusive``? Raises if this broker no
+        longer leads, or the ISR shrank below ``min_insync`` meanwhile."""
+        with self.lock:
+            st = self._require_leader()
+            if st.hw < offset_exclusive:
+                return False
+            if len(st.isr) < min_insync:
+                raise E.NotEnoughReplicasAfterAppendError(
+                    f"{self.topic}-{self.partition}: ISR shrank to {list(st.isr)} below "
+                    f"min.insync.replicas={min_insync}")
+            return True
+
     def wait_committed(self, offset_exclusive: int, deadline_ms: int, min_insync: int) -> None:
         """acks=all: wait until the HW reaches ``offset_exclusive``."""
         with self.lock:
             while True:
-                st = self._require_leader()
-                if st.hw >= offset_exclusive:
-                    if len(st.isr) < min_insync:
-                        raise E.NotEnoughReplicasAfterAppendError(
-                            f"{self.topic}-{self.partition}: ISR shrank to {list(st.isr)} below "
-                            f"min.insync.replicas={min_insync}")
+                if self.committed(offset_exclusive, min_insync):
                     return
+                st = self.leader_state
                 left = deadline_ms - self.clock.time_ms()
                 if left <= 0:
                     raise E.RequestTimedOutError(

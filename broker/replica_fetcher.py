@@ -256,8 +256,12 @@ class ReplicaFetcher:
 class ReplicaFetcherManager:
     """Thread-safe: one fetcher per (leader id, fetcher index)."""
 
-    def __init__(self, broker_id: int, num_fetchers: int, partitions_lookup, endpoint_factory, **fetch_opts):
+    def __init__(self, broker_id: int, num_fetchers: int, partitions_lookup, endpoint_factory, *,
+                 start_threads: bool = True, **fetch_opts):
+        """``start_threads=False``: fetchers are made but not started; whoever made the
+        manager runs their ``do_work()`` (the deterministic simulation does)."""
         self.broker_id = broker_id
+        self.start_threads = start_threads
         self.num_fetchers = max(1, num_fetchers)
         self.lookup = partitions_lookup
         self.endpoint_factory = endpoint_factory   # (leader_id) -> LeaderEndpoint
@@ -293,7 +297,8 @@ class ReplicaFetcherManager:
                     f = ReplicaFetcher(self.broker_id, key[0], self.endpoint_factory(key[0]), self.lookup,
                                        **self.fetch_opts)
                     self.fetchers[key] = f
-                    f.start()
+                    if self.start_threads:
+                        f.start()
                 f.add_many(epochs)
         self._stop_idle()
 
@@ -319,7 +324,10 @@ class ReplicaFetcherManager:
             idle = [k for k, f in self.fetchers.items() if f.partition_count() == 0]
             stopping = [self.fetchers.pop(k) for k in idle]
         for f in stopping:
-            threading.Thread(target=f.stop, daemon=True).start()
+            if self.start_threads:
+                threading.Thread(target=f.stop, daemon=True).start()
+            else:
+                f.stop()
 
     def shutdown(self) -> None:
         with self.lock:

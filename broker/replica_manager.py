@@ -64,6 +64,10 @@ class ReplicaManager:
         self.offline: set[TP] = set()
         self.on_all_dirs_offline = lambda: None
         self.stats = stats or ReplicaStats()   # bytes/messages per topic, ISR changes (broker/metrics.py)
+        # Our registration's czxid (KIP-380), set by whoever registers us: controller
+        # requests addressed to an earlier registration (queued for us before we
+        # restarted) are refused. -1 until registered.
+        self.registered_epoch = -1
 
     # ------------------------------------------------------------ lookups
     def get(self, tp: TP) -> Partition | None:
@@ -95,6 +99,16 @@ class ReplicaManager:
                     f"{self.broker_id}")
             self.controller_epoch = epoch
 
+    def check_broker_epoch(self, req) -> None:
+        """KIP-380: a controller request decided for an earlier registration of this
+        broker (a LeaderAndIsr queued before it crashed and restarted, delivered by the
+        controller's retrying channel) would hand the new process roles decided for a
+        log it may no longer have (an unflushed tail lost in the crash)."""
+        if req.broker_epoch > 0 and self.registered_epoch > 0 and req.broker_epoch != self.registered_epoch:
+            raise E.StaleBrokerEpochError(
+                f"controller request for broker {self.broker_id} epoch {req.broker_epoch}, but this broker "
+                f"registered as epoch {self.registered_epoch}")
+
     def leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
         """Take up the roles in ``req``. A failover hands one broker thousands of
         partitions at once, so the fetcher changes and the state-change log lines are
@@ -103,6 +117,11 @@ class ReplicaManager:
         one at a time (a controller's retry of a slow request waits for the first)."""
         started = time.monotonic()
         self.check_controller_epoch(req.controller_epoch)
+        try:
+            self.check_broker_epoch(req)
+        except E.StaleBrokerEpochError as exc:
+            log.info("LeaderAndIsr from controller %d refused: %s", req.controller_id, exc)
+            return pb.LeaderAndIsrResponse(error=to_pb(exc))
         topics = {t.name: t for t in req.topics}
         out = pb.LeaderAndIsrResponse()
         if self.shutting_down:
@@ -202,6 +221,11 @@ class ReplicaManager:
 
     def stop_replica(self, req: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         self.check_controller_epoch(req.controller_epoch)
+        try:
+            self.check_broker_epoch(req)
+        except E.StaleBrokerEpochError as exc:
+            log.info("StopReplica from controller %d refused: %s", req.controller_id, exc)
+            return pb.StopReplicaResponse(error=to_pb(exc))
         out = pb.StopReplicaResponse()
         started = time.monotonic()
         lines: list[str] = []   # one state-change record and one broker-log line per request, not per partition
@@ -224,9 +248,23 @@ class ReplicaManager:
 
     # ------------------------------------------------------------ produce
     def produce(self, req: pb.ProduceRequest) -> pb.ProduceResponse:
+        """Append, then (acks=all) wait until each partition's HW passes what was appended."""
+        timeout_ms = req.timeout_ms if req.timeout_ms > 0 else self.config.get("request.timeout.ms")
+        out, waits = self.append_records(req)
+        deadline = self.clock.time_ms() + timeout_ms
+        for r, part, end, min_isr in waits:
+            try:
+                part.wait_committed(end, deadline, min_isr)
+            except E.ReplikafkaError as exc:
+                r.error.CopyFrom(to_pb(exc))
+        return out
+
+    def append_records(self, req: pb.ProduceRequest):
+        """The produce's appends: (the response, and for acks=all the waits still to
+        complete as (response entry, partition, end offset, min.insync.replicas)). A
+        caller without threads (the simulation) completes them with ``Partition.committed``."""
         if req.acks not in (0, 1, -1):
             raise E.InvalidRequestError(f"acks must be 0, 1 or -1 (all), got {req.acks}")
-        timeout_ms = req.timeout_ms if req.timeout_ms > 0 else self.config.get("request.timeout.ms")
         out = pb.ProduceResponse()
         waits = []
         failed: dict[tuple[str, int], E.ReplikafkaError] = {}
@@ -249,13 +287,7 @@ class ReplicaManager:
                 r.error.CopyFrom(to_pb(exc))
                 failed[tp] = exc
         self.notify_data()
-        deadline = self.clock.time_ms() + timeout_ms
-        for r, part, end, min_isr in waits:
-            try:
-                part.wait_committed(end, deadline, min_isr)
-            except E.ReplikafkaError as exc:
-                r.error.CopyFrom(to_pb(exc))
-        return out
+        return out, waits
 
     def _append_one(self, d: pb.PartitionProduceData, acks: int):
         R.validate_topic_name(d.topic)

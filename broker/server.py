@@ -187,6 +187,7 @@ class BrokerServer:
             self.broker_id, self.endpoint.host, self.endpoint.port,
             wait_s=2 * cfg.get("zookeeper.session.timeout.ms") / 1000.0 + 5,
             endpoints=tuple(str(e) for e in self.advertised_endpoints()))
+        self.replica_manager.registered_epoch = self.broker_epoch
         self.controller = Controller(self.broker_id, self.store,
                                      unclean_default=cfg.get("unclean.leader.election.enable"),
                                      request_timeout_s=cfg.get("controller.socket.timeout.ms") / 1000.0,
@@ -445,6 +446,7 @@ class BrokerServer:
         self.broker_epoch = self.store.register_broker(
             self.broker_id, self.endpoint.host, self.endpoint.port,
             endpoints=tuple(str(e) for e in self.advertised_endpoints()))
+        self.replica_manager.registered_epoch = self.broker_epoch
         self.controller.enqueue(SessionReestablished())
 
     # ------------------------------------------------------------ stop

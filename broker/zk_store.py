@@ -475,7 +475,8 @@ class ZkStore:
             return None
         return LeaderAndIsr.from_json(data), stat.version
 
-    def get_partition_states(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[LeaderAndIsr, int]]:
+    def get_partition_states(self, tps: list[tuple[str, int]], mzxids: dict | None = None
+                             ) -> dict[tuple[str, int], tuple[LeaderAndIsr, int]]:
         """Many state znodes, absent ones left out. Read with ZooKeeper's multiRead
         (3.6+): MULTI_OPS_MAX reads per request, all requests pipelined. Kazoo costs a
         wake-up of its connection thread and a loop turn per request, which for
@@ -483,13 +484,13 @@ class ZkStore:
         A server without multiRead gets pipelined single reads."""
         if self._multi_read_ok:
             try:
-                return self._read_states_multi(tps)
+                return self._read_states_multi(tps, mzxids)
             except (UnimplementedError, ConnectionLoss) as exc:
                 self._multi_read_ok = False
                 log.warning("ZooKeeper multiRead failed (%r): reading partition states one by one", exc)
-        return self._read_states_pipelined(tps)
+        return self._read_states_pipelined(tps, mzxids)
 
-    def _read_states_multi(self, tps):
+    def _read_states_multi(self, tps, mzxids=None):
         paths = [state_path(*tp) for tp in tps]
         chunks = [range(i, min(i + MULTI_OPS_MAX, len(tps))) for i in range(0, len(tps), MULTI_OPS_MAX)]
         asyncs = [(chunk, multi_read_async(self.zk, [paths[i] for i in chunk])) for chunk in chunks]
@@ -502,9 +503,11 @@ class ZkStore:
                     raise result
                 data, stat = result
                 out[tps[i]] = (LeaderAndIsr.from_json(data), stat.version)
+                if mzxids is not None:
+                    mzxids[tps[i]] = stat.mzxid
         return out
 
-    def _read_states_pipelined(self, tps):
+    def _read_states_pipelined(self, tps, mzxids=None):
         asyncs = [(tp, self.zk.get_async(state_path(*tp))) for tp in tps]
         out = {}
         for tp, a in asyncs:
@@ -513,6 +516,8 @@ class ZkStore:
             except NoNodeError:
                 continue
             out[tp] = (LeaderAndIsr.from_json(data), stat.version)
+            if mzxids is not None:
+                mzxids[tp] = stat.mzxid
         return out
 
     def create_partition_states(self, states: dict[tuple[str, int], LeaderAndIsr]) -> dict[tuple[str, int], int]:
@@ -707,7 +712,7 @@ def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
     ops, each guarded by a check of the controller-epoch znode version, all
     chunks pipelined. Returns ({tp: new version}, [tps whose version did not
     match]); raises ControllerMovedError if the epoch guard failed."""
-    from kazoo.exceptions import RolledBackError
+    from kazoo.exceptions import RolledBackError, RuntimeInconsistency
 
     items = list(updates.items())
     ok: dict[tuple[str, int], int] = {}
@@ -727,8 +732,11 @@ def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
             if isinstance(results[0], Exception):
                 if not isinstance(results[0], RolledBackError):
                     raise ControllerMovedError("controller epoch changed under a state write")
+            # ZooKeeper answers the op that failed with its own error, the ops before it
+            # with RolledBackError and the ops after it with RuntimeInconsistency: only
+            # the first kind failed on its own; the others are written again.
             bad = [tp for (tp, _), r in zip(chunk, results[1:])
-                   if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+                   if isinstance(r, Exception) and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
             if not bad:
                 for (tp, _), stat in zip(chunk, results[1:]):
                     ok[tp] = stat.version

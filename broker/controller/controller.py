@@ -284,7 +284,8 @@ class Controller:
         for t in self.store.list_topics(watch=self._watch(V.TopicChange())):
             self._load_topic(t)
         tps = [(t, p) for t, m in ctx.topics.items() for p in m.assignment]
-        ctx.states = self.store.get_partition_states(tps)
+        written_at: dict[TP, int] = {}
+        ctx.states = self.store.get_partition_states(tps, mzxids=written_at)
         for tp, (s, _v) in ctx.states.items():   # as loaded, like Kafka's initializePartitionState
             ctx.partition_states.initialize(tp, PS.ONLINE if s.leader in ctx.live else PS.OFFLINE)
             for b in ctx.topics[tp[0]].assignment[tp[1]]:
@@ -294,7 +295,8 @@ class Controller:
             self._create_states(missing)
         ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch(V.DeleteTopics())))
         self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
-        self._sync_partition_states(self._elect_offline() + self._elect_for_offline_replicas())
+        changed = self._elect_restarted_since_written(written_at)
+        self._sync_partition_states(changed + self._elect_offline() + self._elect_for_offline_replicas())
         # Full state to every live broker: metadata first, then roles (one request built for all).
         self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
         self._send_leader_and_isr(list(ctx.states))
@@ -384,7 +386,35 @@ class Controller:
                 log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
                           "records acknowledged but not on it are LOST",
                           tp[0], tp[1], e.state.leader, list(current[tp].isr))
-        return self._write_states({tp: e.state for tp, e in decisions.items()})
+        return self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - set(exclude))
+
+    def _elect_restarted_since_written(self, written_at: dict[TP, int]) -> list[TP]:
+        """Failover's view of bounced brokers: an ISR member registered (czxid) after its
+        partition's state was last written restarted since it was put there, so it may
+        have lost what it held (an unflushed tail) and the HW with it. As the running
+        controller does for a broker it saw bounce, such a partition is decided as if
+        those brokers were dead: a new leader from the rest of the ISR, the restarted
+        ones out of it (they catch up and rejoin). Without this a leader restarted
+        while the controller moved was reinstated in the same epoch with a shorter log,
+        and its followers truncated acknowledged records to match it."""
+        ctx = self.ctx
+        by_restarted: dict[frozenset, dict[TP, LeaderAndIsr]] = {}
+        for tp, (s, _v) in ctx.states.items():
+            restarted = frozenset(b for b in s.isr if b in ctx.live
+                                  and ctx.broker_epochs.get(b, -1) > written_at.get(tp, 1 << 62))
+            if restarted and tp[0] not in ctx.deleting:
+                by_restarted.setdefault(restarted, {})[tp] = s
+        changed: list[TP] = []
+        for restarted, current in by_restarted.items():
+            log.info("controller failover: brokers %s registered after %d partition states were written: "
+                     "deciding those partitions without them", sorted(restarted), len(current))
+            assignments: dict[str, dict[int, list[int]]] = {}
+            for (t, p) in current:
+                assignments.setdefault(t, {})[p] = ctx.topics[t].assignment[p]
+            decisions = D.on_brokers_changed(assignments, current, set(ctx.live) - restarted, ctx.epoch,
+                                             self._unclean_for, avoid=ctx.shutting_down)
+            changed += self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - restarted)
+        return changed
 
     def _eligible(self) -> set[int]:
         """Brokers that may lead and stay in ISRs: live and not shutting down."""
@@ -394,8 +424,10 @@ class Controller:
         v = self.ctx.topics[topic].config.get("unclean.leader.election.enable")
         return self.unclean_default if v is None else v.lower() == "true"
 
-    def _write_states(self, new: dict[TP, LeaderAndIsr], rounds: int = 5) -> list[TP]:
-        """Guarded, batched writes; re-read and re-decide partitions whose znode moved."""
+    def _write_states(self, new: dict[TP, LeaderAndIsr], live: set[int], rounds: int = 5) -> list[TP]:
+        """Guarded, batched writes; re-read and re-decide partitions whose znode moved,
+        with the same ``live`` brokers the first decision had (a bounced broker stays
+        excluded: a leader's concurrent ISR write must not undo its demotion)."""
         ctx = self.ctx
         done: list[TP] = []
         for _ in range(rounds):
@@ -409,7 +441,7 @@ class Controller:
             cur = {tp: s for tp, (s, _v) in fresh.items()}
             decisions = D.on_brokers_changed({t: {p: ctx.topics[t].assignment[p] for (tt, p) in cur if tt == t}
                                               for t in {tp[0] for tp in cur}},
-                                             cur, set(ctx.live), ctx.epoch, self._unclean_for,
+                                             cur, live, ctx.epoch, self._unclean_for,
                                              avoid=ctx.shutting_down)
             new = {tp: e.state for tp, e in decisions.items()}
         return done
@@ -489,7 +521,7 @@ class Controller:
                 assignments.setdefault(t, {})[p] = ctx.topics[t].assignment[p]
             decisions = D.on_brokers_changed(assignments, current, set(ctx.live) - {b}, ctx.epoch,
                                              self._unclean_for, avoid=ctx.shutting_down)
-            changed += self._write_states({tp: e.state for tp, e in decisions.items()})
+            changed += self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - {b})
         return changed
 
     def _on_isr_change(self, _event=None) -> None:
@@ -549,7 +581,8 @@ class Controller:
         if tps and broker in self.ctx.live:
             self.channels.send(broker, "StopReplica", pb.StopReplicaRequest(
                 controller_id=self.broker_id, controller_epoch=self.ctx.epoch, delete_partitions=delete,
-                partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps]))
+                partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps],
+                broker_epoch=self.ctx.broker_epochs.get(broker, 0)))
 
     # ------------------------------------------------------------ partition removal (seed 000 H)
     def _on_partitions_remove(self) -> None:
@@ -809,7 +842,7 @@ class Controller:
                 parts = [pb.TopicPartitionRef(topic=topic, partition=p) for p, r in meta.assignment.items() if b in r]
                 self.channels.send(b, "StopReplica", pb.StopReplicaRequest(
                     controller_id=self.broker_id, controller_epoch=ctx.epoch, delete_partitions=True,
-                    partitions=parts), on_response)
+                    partitions=parts, broker_epoch=ctx.broker_epochs.get(b, 0)), on_response)
             # Waiting here is bounded and keeps deletion ordered before any re-creation.
             if not done.wait(timeout=30) or not all(acks.values()):
                 log.warning("deletion of %s: not every replica confirmed yet; will retry", topic)
@@ -925,7 +958,8 @@ class Controller:
         for b, states in per_broker.items():
             req = pb.LeaderAndIsrRequest(controller_id=self.broker_id, controller_epoch=ctx.epoch,
                                          partitions=states, live_leaders=self._endpoints(),
-                                         topics=self._topic_infos({s.topic for s in states}))
+                                         topics=self._topic_infos({s.topic for s in states}),
+                                         broker_epoch=ctx.broker_epochs.get(b, 0))
             self.channels.send(b, "LeaderAndIsr", req)
 
 
