@@ -179,7 +179,10 @@ class ReplicaManager:
         if part.make_follower(leader, leader_epoch, isr, replicas, zk_version, controller_epoch):
             follow[part.tp] = (leader, leader_epoch)
             return True
-        if leader < 0:
+        if leader < 0 and leader_epoch >= part.leader_epoch:
+            # No leader in this epoch: nothing to fetch from. A stale request (an older
+            # epoch, delivered late) changes nothing, its fetcher change included:
+            # dropping the current epoch's fetcher left a follower that never caught up.
             unfollow.append(part.tp)
         return False
 

@@ -557,6 +557,14 @@ class Simulation:
         become equal), readers keep reading."""
         rng = self.rng
         up = [b for b in self.up() if b.broker_id not in self.busy]
+        # A controller with events to handle acts soon (it reacts in milliseconds, a
+        # fetch round takes a long poll): quick successive leader changes happen.
+        waiting = [b for b in self.up() if not b.controller.events.empty()]
+        if waiting and rng.random() < 0.3:
+            b = rng.choice(waiting)
+            self.note(f"controller {b.broker_id} works")
+            b.controller.do_work()
+            return
         roll = rng.random()
         if roll < 0.30 and up:
             b = rng.choice(up)
@@ -605,7 +613,11 @@ class Simulation:
             if not crashed and not zombies and self.all_isrs_full():
                 self.crash(rng.choice(self.up()))
         elif not zombies and self.up():
-            self.expire_session(rng.choice(self.up()))
+            # Mostly a partition's leader: quick leader changes are what KIP-101/279 are about.
+            state = self.zk_state((TOPIC, rng.randrange(self.partitions)))
+            leader = self.brokers.get(state.leader) if state is not None else None
+            self.expire_session(leader if leader is not None and leader.up and rng.random() < 0.7
+                                else rng.choice(self.up()))
 
     def recover(self) -> None:
         """Sessions of crashed brokers expire on time; the dead come back later."""
@@ -620,7 +632,7 @@ class Simulation:
     def step(self, faults: bool) -> None:
         self.step_no += 1
         self.clock.advance(self.rng.randrange(0, STEP_MS_MAX))
-        if faults and self.rng.random() < 0.05:
+        if faults and self.rng.random() < 0.08:
             self.fault()
         self.recover()
         self.random_action()

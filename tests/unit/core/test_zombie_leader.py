@@ -119,3 +119,17 @@ def test_a_deleted_state_znode_takes_the_zombie_offline_without_a_fetcher(zombie
     part = rm.get(TP)
     assert (part.role, part.leader_id, part.leader_epoch) == (FOLLOWER, -1, 4)
     assert fetchers.following == {}
+
+
+def test_a_stale_request_without_a_leader_leaves_the_current_fetcher_alone(zombie):
+    """A LeaderAndIsr of an older epoch naming no leader, delivered late, is stale: it
+    must not take away the fetcher of the current epoch (found by the simulation)."""
+    rm, fetchers, leader_and_isr = zombie
+    assert not leader_and_isr(2, 4, (2, 3), 1).partitions
+    assert fetchers.following == {TP: (2, 4)}
+    leader_and_isr(-1, 3, (3,), 1)
+    part = rm.get(TP)
+    assert (part.role, part.leader_id, part.leader_epoch) == (FOLLOWER, 2, 4)
+    assert fetchers.following == {TP: (2, 4)}
+    leader_and_isr(-1, 5, (3,), 2)     # a newer epoch without a leader: stop fetching
+    assert fetchers.following == {} and part.leader_epoch == 5
