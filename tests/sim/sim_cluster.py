@@ -165,6 +165,7 @@ class SimBroker:
         self.session_lost = _Flag()
         self.session_back = _Flag()
         self.zk = None
+        self.broker_epoch = -1
         self.restarts = 0
         self.metrics = BrokerMetrics(broker_id, recording=False)
 
@@ -197,7 +198,7 @@ class SimBroker:
             self.broker_id, 1, lambda tp: self.rm.get(tp), lambda leader: SimLeaderEndpoint(sim, self.broker_id, leader),
             start_threads=False, max_wait_ms=0, min_bytes=1, max_bytes=cfg.get("replica.fetch.max.bytes"),
             response_max_bytes=cfg.get("replica.fetch.response.max.bytes"), backoff_ms=0,
-            request_timeout_s=1.0)
+            request_timeout_s=1.0, broker_epoch=lambda: self.broker_epoch)
         self.rm = ReplicaManager(self.broker_id, cfg, self.logs, self.store, self.metadata, self.fetchers, sim.clock)
         self.broker_epoch = self.store.register_broker(self.broker_id, "sim", self.broker_id)
         self.rm.registered_epoch = self.broker_epoch
@@ -440,8 +441,9 @@ class Simulation:
         batch = pa.record_batch([pa.nulls(n, pa.binary()), pa.array(values, pa.binary()),
                                  pa.nulls(n, R.HEADER_TYPE), R.constant_timestamps(self.clock.time_ms(), n)],
                                 schema=self.schema)
+        records = R.encode_stream(self.schema, [batch]).to_pybytes()
         req = pb.ProduceRequest(acks=-1, timeout_ms=5000, partitions=[pb.PartitionProduceData(
-            topic=tp[0], partition=tp[1], records=R.encode_stream(self.schema, [batch]).to_pybytes())])
+            topic=tp[0], partition=tp[1], records=records, records_crc32c=R.records_crc32c(records))])
         resp, waits = target.rm.append_records(req)
         r = resp.partitions[0]
         self.note(f"produce {n} to {target.broker_id} {tp}: {r.error.code or r.base_offset}")

@@ -59,3 +59,19 @@ def pytest_generate_tests(metafunc):
 
 def test_simulation(seed):
     run_seed(seed)
+
+
+def test_the_simulation_acknowledges_and_crashes(tmp_path):
+    """Guard against a simulation that passes because nothing happens (a produce path
+    that refuses every request, faults that never fire)."""
+    acks = crashes = 0
+    for seed in range(10):
+        root = tempfile.mkdtemp(prefix=f"sim-{seed}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        sim = Simulation(seed, root)
+        try:
+            sim.run()
+            acks += sim.model.acks
+            crashes += sum(b.restarts for b in sim.brokers.values())
+        finally:
+            sim.close()
+    assert acks > 50 and crashes > 0
