@@ -168,7 +168,9 @@ def run_fuzz(cluster, requests: int, seed: int) -> dict:
         zk.close()
     stale_epochs = [-2**31, -1, 0, epoch + 1, epoch + 1000, 2**31 - 1] + ([epoch - 1] if epoch > 1 else [])
     rng = random.Random(seed)
-    channels = {b: grpc.insecure_channel(cluster.address(b)) for b in cluster.ids}
+    # A flipped bit can make a valid fetch for megabytes: the broker answers it; this client must be able to read it.
+    channels = {b: grpc.insecure_channel(cluster.address(b), options=[("grpc.max_receive_message_length", 256 << 20)])
+                for b in cluster.ids}
     calls = {(b, path): ch.unary_unary(path, request_serializer=None, response_deserializer=None)
              for b, ch in channels.items() for path in METHODS}
     producer = BackgroundProducer(bs, "fuzz-a", 2, batch=10).start()
