@@ -585,16 +585,14 @@ class Controller:
                 broker_epoch=self.ctx.broker_epochs.get(broker, 0)))
 
     # ------------------------------------------------------------ partition removal (seed 000 H)
-    def _on_partitions_remove(self) -> None:
+    def _on_partitions_remove(self, _event=None) -> None:
         """``/admin/partitions_remove/[topic]/[partition]``: the replicas stop and delete
         their logs (StopReplica delete), then the assignment loses the partitions and
         their state znodes go, then every broker's metadata, then the request. Each
         step is idempotent: a new controller resumes an unfinished removal from the
         start (brokers that were down delete the logs at start-up, as unassigned)."""
-        if not self.active:
-            return
         ctx = self.ctx
-        for topic, requested in self.store.partition_removals(watch=self._watch("partitions_remove")).items():
+        for topic, requested in self.store.partition_removals(watch=self._watch(V.PartitionsRemove())).items():
             meta = ctx.topics.get(topic)
             if meta is None or topic in ctx.deleting:
                 self.store.finish_partition_removal(topic)   # the topic went: so did its partitions
@@ -976,6 +974,7 @@ HANDLERS = {
     V.LogDirFailure: Controller._on_log_dir_failure,
     V.DeleteTopics: Controller._on_delete_topics,
     V.Reassign: Controller._on_reassign,
+    V.PartitionsRemove: Controller._on_partitions_remove,
     V.ReassignmentNudge: Controller._on_reassignment_nudge,
     V.PreferredElection: Controller._on_preferred_election,
     V.AutoRebalance: Controller._on_auto_rebalance,

@@ -88,6 +88,11 @@ class Reassign(ControllerEvent):
 
 
 @dataclass(frozen=True)
+class PartitionsRemove(ControllerEvent):
+    """``/admin/partitions_remove`` (or one topic's requests under it) changed."""
+
+
+@dataclass(frozen=True)
 class ReassignmentNudge(ControllerEvent):
     """Timer: advance reassignments whose last write lost a race."""
 
