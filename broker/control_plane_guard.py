@@ -39,6 +39,7 @@ class ClusterTruth(Protocol):
     def live_brokers(self, epochs: dict[int, int] | None = None) -> dict[int, tuple[str, int]]: ...
     def topics_pending_deletion(self) -> list[str]: ...
     def get_reassignment(self) -> dict[tuple[str, int], list[int]]: ...
+    def partition_removals(self) -> dict[str, set[int]]: ...
 
 
 class ControlPlaneGuard:
@@ -115,7 +116,9 @@ class ControlPlaneGuard:
         a replica is deleted only if ZooKeeper agrees it must go: its topic is marked
         for deletion, or ZooKeeper's assignment no longer gives it to ``broker_id``, or
         a running reassignment moves it away (the controller stops the old replicas
-        before it writes the final assignment). A forged delete of a live, assigned
+        before it writes the final assignment), or a partition removal request names it
+        (``/admin/partitions_remove``: the controller deletes the replicas before it
+        shrinks the assignment). A forged delete of a live, assigned
         replica is refused and deletes nothing."""
         errors: list[pb.PartitionError] = []
         kept = []
@@ -129,12 +132,14 @@ class ControlPlaneGuard:
         if req.delete_partitions and legal:
             deleting = set(self.truth.topics_pending_deletion())
             moving = self.truth.get_reassignment()
+            removing = self.truth.partition_removals()
             assignments = self._assignments([r.topic for r in legal if r.topic not in deleting])
             for ref in legal:
                 tp = (ref.topic, ref.partition)
                 assigned = (assignments.get(ref.topic) or {}).get(ref.partition, ())
                 if ref.topic in deleting or broker_id not in assigned or \
-                        (tp in moving and broker_id not in moving[tp]):
+                        (tp in moving and broker_id not in moving[tp]) or \
+                        ref.partition in removing.get(ref.topic, ()):
                     kept.append(ref)
                 else:
                     errors.append(pb.PartitionError(topic=ref.topic, partition=ref.partition, error=to_pb(

@@ -1,0 +1,59 @@
+"""The control-plane guard's StopReplica(delete) rule: a replica is deleted only
+when ZooKeeper says it must go (pure logic against a scripted ZooKeeper view)."""
+from __future__ import annotations
+
+from replikafka.broker.control_plane_guard import ControlPlaneGuard
+from replikafka.broker.wire_limits import WireLimits
+from replikafka.protocol import replikafka_pb2 as pb
+
+
+class ZkView:
+    """What ZooKeeper says, scripted (the guard's ClusterTruth)."""
+
+    def __init__(self, assignments, deleting=(), moving=None, removing=None):
+        self.assignments, self.deleting = assignments, list(deleting)
+        self.moving, self.removing = moving or {}, removing or {}
+
+    def controller_epoch(self):
+        return 5, 0
+
+    def get_controller_id(self):
+        return 1
+
+    def get_assignment(self, topic):
+        return self.assignments.get(topic)
+
+    def live_brokers(self, epochs=None):
+        return {}
+
+    def topics_pending_deletion(self):
+        return self.deleting
+
+    def get_reassignment(self):
+        return self.moving
+
+    def partition_removals(self):
+        return self.removing
+
+
+def deleted(view: ZkView, broker_id: int, *tps) -> list[tuple[str, int]]:
+    req = pb.StopReplicaRequest(controller_id=1, controller_epoch=5, delete_partitions=True, partitions=[
+        pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps])
+    kept, errors = ControlPlaneGuard(view, WireLimits()).filter_stop_replica(req, broker_id)
+    assert len(kept.partitions) + len(errors) == len(tps)
+    return [(r.topic, r.partition) for r in kept.partitions]
+
+
+def test_a_forged_delete_of_an_assigned_live_replica_deletes_nothing():
+    view = ZkView({"t": {0: [1, 2], 1: [2, 3]}})
+    assert deleted(view, 2, ("t", 0), ("t", 1)) == []
+    assert deleted(view, 1, ("t", 1)) == [("t", 1)]          # not assigned to broker 1: may go
+
+
+def test_deletes_zookeeper_asks_for_go_through():
+    view = ZkView({"t": {0: [1, 2], 1: [1, 2], 2: [1, 2]}, "gone": {0: [1]}},
+                  deleting=["gone"], moving={("t", 0): [3, 4]}, removing={"t": {2}})
+    assert deleted(view, 1, ("gone", 0)) == [("gone", 0)]    # topic deletion
+    assert deleted(view, 1, ("t", 0)) == [("t", 0)]          # reassignment moves it away
+    assert deleted(view, 1, ("t", 2)) == [("t", 2)]          # /admin/partitions_remove names it
+    assert deleted(view, 1, ("t", 1)) == []                  # nothing asks for partition 1
