@@ -606,7 +606,9 @@ class Log:
         max offset (`clip_stored` cuts them for a reader wanting the exact range).
         Stops before a batch that would take the stored size past `max_bytes`, but
         returns at least one. start == max offset gives none; start below the log
-        start or above the log end raises OffsetOutOfRangeError."""
+        start or above the log end raises OffsetOutOfRangeError. Each batch is checked
+        against its stored CRC: the read stops before a damaged one, and a read that
+        starts at one raises CorruptRecordError naming its offset."""
         return self._on_current_view(lambda view: self._read_stored_view(view, start_offset, max_bytes,
                                                                          max_offset_exclusive))
 
@@ -621,13 +623,20 @@ class Log:
         for seg in self._segments_from(view, start):
             if offset >= end:
                 break
-            for ref in seg.batches_from(offset, end, verify_crc=True):  # readers never get a rotten batch
-                if out and size + ref.size > max_bytes:
-                    return StoredReadResult(out, min(offset, end), size, last)
-                out.append(StoredBatch(ref.base_offset, ref.record_count, ref.batch, seg.message(ref)))
-                size += ref.size
-                offset = ref.base_offset + ref.record_count
-                last = (seg, ref)
+            try:
+                for ref in seg.batches_from(offset, end, verify_crc=True):  # readers never get a rotten batch
+                    if out and size + ref.size > max_bytes:
+                        return StoredReadResult(out, min(offset, end), size, last)
+                    out.append(StoredBatch(ref.base_offset, ref.record_count, ref.batch, seg.message(ref)))
+                    size += ref.size
+                    offset = ref.base_offset + ref.record_count
+                    last = (seg, ref)
+            except CorruptRecordError:
+                if not out:
+                    raise
+                # The sound batches before the damaged one go out; the read that starts at
+                # the damaged one fails, naming it (as a Kafka consumer stops at a bad CRC).
+                return StoredReadResult(out, min(offset, end), size, last)
         return StoredReadResult(out, min(offset, end) if out else start, size, last)
 
     def read_raw(self, start_offset: int, max_bytes: int) -> RawReadResult:

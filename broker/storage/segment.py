@@ -406,7 +406,7 @@ class LogSegment:
             n = batch.num_rows
             if base + n > offset:
                 if verify_crc:
-                    bf.check_stored_crc(buf, pos, pos + size, f"{self.path} position {pos}")
+                    bf.check_stored_crc(buf, pos, pos + size, f"{self.path} position {pos} (batch at offset {base})")
                 yield StoredBatchRef(base, n, pos, size, batch)
             base += n
             pos += size

@@ -81,6 +81,36 @@ def test_a_corrupt_body_is_a_difference_naming_the_replica_and_offset():
     assert "corrupt" in line
 
 
+def test_a_replica_refusing_its_corrupt_batch_is_a_difference_at_that_offset():
+    """Brokers verify stored CRCs on read: a replica whose batch at 5 rotted answers the
+    sound batches before it, then CORRUPT_MESSAGE for a fetch at 5. That is a difference
+    naming it and offset 5, not an unreadable replica."""
+    from replikafka import errors as E
+
+    c = V.PartitionCheck("orders.eu-1", 0, [1, 2, 3], 1)
+    for r in (1, 2):
+        c.on_answer(c.cursors[r], 0, 12, 12, 0, stream(*LOG))
+    c.on_answer(c.cursors[3], 0, 12, 12, 0, stream(LOG[0]))
+    c.advance()
+    assert not c.done and c.wants_data(c.cursors[3]) and c.offset == 5
+    c.on_corrupt(c.cursors[3], c.offset, E.CorruptRecordError("t-0.arrows position 900 (batch at offset 5): "
+                                                              "CRC-32C mismatch on read"))
+    c.advance()
+    assert c.done and c.difference_count == 1 and c.batches_compared == 1 and not c.unreadable()
+    line = c.differences[0]
+    assert "topic orders.eu-1 partition 0 at offset 5: replica 3 differs from replicas 1,2" in line
+    assert "the stored batch is corrupt: CORRUPT_MESSAGE" in line
+
+    # refused on its very first read: no HW or LEO from it; the others' bound the comparison
+    c = V.PartitionCheck("t", 0, [1, 2], 1)
+    c.on_answer(c.cursors[1], 0, 12, 12, 0, stream(*LOG))
+    c.on_corrupt(c.cursors[2], 0, E.CorruptRecordError("CRC-32C mismatch on read"))
+    c.advance()
+    assert c.done and c.end == 12 and c.difference_count == 1
+    assert "at offset 0: replica 2 differs from replica 1" in c.differences[0]
+    assert c.lag() == (0, 1, 12)
+
+
 def test_the_same_corrupt_batch_on_every_replica_is_reported_too():
     bad = stream(LOG[0], flip_body_byte(LOG[1]), LOG[2])
     c = check_of({1: (12, 12, 0, bad), 2: (12, 12, 0, bad)})

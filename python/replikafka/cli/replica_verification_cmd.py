@@ -13,7 +13,10 @@ largest log start offset of the replicas up to their smallest high watermark
 (above it replicas may legitimately differ): base offset, record count, leader
 epoch, the CRC-32C stored in the batch header and the CRC-32C of the body bytes
 as received, so a replica whose bytes changed on disk differs even though its
-header does not. Each difference names the topic, partition, offset and which
+header does not. A replica that refuses the read because its own stored batch
+fails its CRC (CORRUPT_MESSAGE: brokers never serve a damaged batch, not even to
+this tool) differs at the offset it was asked for, as holding a corrupt batch
+there. Each difference names the topic, partition, offset and which
 replicas differ from which; after one where the batches no longer line up (a
 different base offset or count), that partition is not compared further.
 
@@ -191,10 +194,19 @@ class PartitionCheck:
             cursor.pending.append(BatchInfo(at, -1, problem=problem))
         cursor.exhausted = not batches and problem is None
 
+    def on_corrupt(self, cursor: Cursor, fetch_offset: int, error: E.ReplikafkaError) -> None:
+        """The replica refused the read from ``fetch_offset``: its stored batch there fails
+        its CRC. A difference at that offset (its HW, LEO and log start stay unknown,
+        unless an earlier answer gave them)."""
+        cursor.probed, cursor.tries = True, 0
+        cursor.exhausted = False
+        cursor.pending.append(BatchInfo(fetch_offset, -1, problem=f"the stored batch is corrupt: {error.code}: "
+                                                                  f"{error.message}"))
+
     def lag(self) -> tuple[int, int, int] | None:
         """(lag, replica, replica LEO) of the most lagging replica: leader LEO minus
         its LEO (the largest LEO when the leader could not be read)."""
-        answered = [c for c in self.readable() if c.probed]
+        answered = [c for c in self.readable() if c.probed and c.leo >= 0]
         if not answered:
             return None
         leader = self.cursors.get(self.leader)
@@ -214,7 +226,8 @@ class PartitionCheck:
             if not readable:
                 self.done = True
                 return
-            self.end = min(c.hw for c in readable)
+            # A replica that refused its first read (a corrupt batch) gave no HW or log start.
+            self.end = min([c.hw for c in readable if c.hw >= 0], default=self.offset + 1)
             self.offset = max([self.offset] + [c.lso for c in readable])
         if len(readable) < 2:
             self.done = True         # nothing to compare against
@@ -373,6 +386,9 @@ class Verifier:
                         f"broker {broker.id} did not answer for {c.name}"))
                     continue
                 err = from_pb(r.error)
+                if isinstance(err, E.CorruptRecordError):
+                    c.on_corrupt(cursor, c.offset, err)
+                    continue
                 if err is not None:
                     retry |= self._failed(cursor, err)
                     continue
