@@ -232,8 +232,6 @@ class Listeners(Validator):
             if self.advertised:
                 if host in ("", "0.0.0.0", "::"):
                     raise ValueError(f"{item!r}: an advertised listener needs a host clients can reach")
-                if port == 0:
-                    raise ValueError(f"{item!r}: an advertised listener needs a real port")
             out.append(Endpoint(protocol, host, port))
         ports = [e.port for e in out if e.port != 0]
         if len(ports) != len(set(ports)):
@@ -936,6 +934,14 @@ def _cross_check(values: Mapping[str, Any]) -> None:
             f"invalid value {LIST.format(adv)!r} for configuration advertised.listeners: "
             f"must advertise one address per listener, with the same protocols as listeners "
             f"({LIST.format(values['listeners'])})"
+        )
+    # Port 0 advertises the port bound (as Kafka's registration does), so only where the listener binds 0.
+    bound_any = {e.protocol for e in values["listeners"] if e.port == 0}
+    unbound = [e for e in adv or () if e.port == 0 and e.protocol not in bound_any]
+    if unbound:
+        raise InvalidConfigError(
+            f"invalid value {LIST.format(adv)!r} for configuration advertised.listeners: "
+            f"{unbound[0]} needs a real port (0, the bound port, only where its listener binds port 0)"
         )
 
 

@@ -71,6 +71,9 @@ class LocalCluster:
                                                          else ("PLAINTEXT",))) if p != "FLIGHT") + ("FLIGHT",)
         self.listener_ports: dict[int, dict[str, int]] = {}
         self.metrics_ports: dict[int, int] = {}   # each broker's metrics.listener (HTTP) port
+        # broker -> (host, port) its registration must name: its advertised address (a proxy's, say).
+        self.registration_addresses: dict[int, tuple[str, int] | None] = {}
+        self.launched_ms: dict[int, int] = {}     # broker -> when its process was started (wall clock, ms)
         self.procs: dict[int, subprocess.Popen] = {}
         self.zookeeper_connect = zookeeper_connect or ""
         # Tests want their processes gone if the test run dies; `cluster start` does not.
@@ -138,6 +141,8 @@ class LocalCluster:
 
     def start_broker(self, broker_id: int, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
         path = self._write_properties(broker_id)
+        self.registration_addresses[broker_id] = _registration_address(path)
+        self.launched_ms[broker_id] = int(time.time() * 1000)
         out = open(self.log_path(broker_id), "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if self.die_with_parent:
@@ -156,8 +161,10 @@ class LocalCluster:
 
     def wait_registered(self, ids, timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait until each broker in ``ids`` is registered *by the process this
-        cluster started* (its port in the znode): an old broker's ephemeral
-        node, still there until its session expires, does not count."""
+        cluster started*: the znode names the advertised address of its
+        properties and was written after the process started (its timestamp,
+        from this machine's clock). An old incarnation's ephemeral node, still
+        there until its session expires, does not count, even at the same address."""
         zk = self.zk()
         try:
             deadline = time.time() + timeout_s
@@ -184,7 +191,10 @@ class LocalCluster:
             return False
         try:
             data, _ = zk.get(f"/brokers/ids/{broker_id}")
-            return int(json.loads(data).get("port", -1)) == self.ports.get(broker_id)
+            reg, (host, port) = json.loads(data), self.registration_addresses[broker_id]
+            # Port 0: the listener binds any free port and the broker registers the one it got.
+            return (reg.get("host") == host and (port == 0 or reg.get("port") == port)
+                    and int(reg.get("timestamp", -1)) >= self.launched_ms[broker_id])
         except Exception:  # not there (yet), or not ours
             return False
 
@@ -296,6 +306,19 @@ class LocalCluster:
                  "bootstrap_servers": ",".join(f"127.0.0.1:{self.ports[b]}" for b in self.ids if b in self.ports)}
         with open(os.path.join(self.base_dir, STATE_FILE), "w") as f:
             json.dump(state, f, indent=1)
+
+
+def _registration_address(properties_path: str) -> tuple[str, int] | None:
+    """The (host, port) a broker started with these properties registers: its
+    advertised listener for brokers (advertised.listeners if set, else
+    listeners), which the broker itself computes the same way. None if the
+    properties are invalid: the broker exits naming why, which start reports."""
+    from replikafka.broker.config import BrokerConfig
+    try:
+        endpoint = BrokerConfig.load(properties_path).advertised_endpoint()
+    except ReplikafkaError:
+        return None
+    return endpoint.host, endpoint.port
 
 
 def load_state(base_dir: str) -> dict:

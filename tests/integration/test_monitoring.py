@@ -133,7 +133,8 @@ def test_per_topic_byte_and_message_counters_match_what_was_produced_and_fetched
                                            for j in range(10 + i)], R.KAFKA_SCHEMA, timestamp_ms=R.now_ms())
                 records = R.encode_stream(batch.schema, [batch]).to_pybytes()
                 resp = stub.Produce(pb.ProduceRequest(acks=-1, timeout_ms=10000, partitions=[
-                    pb.PartitionProduceData(topic="bytes", partition=p.partition, records=records)]), timeout=30)
+                    pb.PartitionProduceData(topic="bytes", partition=p.partition, records=records,
+                                            records_crc32c=R.records_crc32c(records))]), timeout=30)
                 assert not resp.partitions[0].error.code, resp
                 produced_bytes += len(records)
                 produced_records += batch.num_rows

@@ -7,13 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 import replikafka
 from replikafka import errors as E
-from replikafka.local_cluster import pid_alive
+from replikafka.local_cluster import LocalCluster, pid_alive
 from replikafka.zookeeper_server import free_port
 
 pytestmark = pytest.mark.integration
@@ -46,6 +47,46 @@ def test_a_second_cluster_start_on_a_running_dir_is_refused_and_stop_stops_the_f
     assert stop.returncode == 0, stop.stderr
     time.sleep(0.2)
     assert not any(pid_alive(p) for p in pids), "cluster stop left processes of the first start running"
+
+
+def test_start_waits_out_an_old_incarnations_registration_at_the_advertised_address(
+        tmp_path, zk_connect, kazoo_factory):
+    """The old broker 1's ephemeral znode, at the very address the new one
+    advertises (a proxy's, not its bound port), is still there: start does not
+    take it for the new broker's registration (the broker waits for it to go),
+    and returns once the new process has registered."""
+    advertised = free_port()
+    old = kazoo_factory()
+    old.create("/brokers/ids/1", json.dumps({"host": "127.0.0.1", "port": advertised, "endpoints": [],
+                                             "timestamp": str(int(time.time() * 1000) - 60_000)}).encode(),
+               ephemeral=True, makepath=True)
+    cluster = LocalCluster(str(tmp_path / "c"), 1, zookeeper_connect=zk_connect, die_with_parent=True,
+                           overrides={"zookeeper.session.timeout.ms": "3000"},
+                           broker_overrides={1: {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{advertised},"
+                                                                         f"FLIGHT://127.0.0.1:0"}})
+    failures = []
+    starting = threading.Thread(target=lambda: failures.append(_raised(cluster.start)), daemon=True)
+    try:
+        starting.start()
+        starting.join(3)                  # the broker waits up to 2 x 3 s + 5 s for the old node
+        assert starting.is_alive(), f"start returned while only the old znode was there: {failures}"
+        old.stop()                        # the old incarnation's session ends: its znode goes
+        starting.join(60)
+        assert not starting.is_alive() and failures == [None], failures
+        reg = json.loads(kazoo_factory().get("/brokers/ids/1")[0])
+        assert (reg["host"], reg["port"]) == ("127.0.0.1", advertised)
+        assert int(reg["timestamp"]) >= cluster.launched_ms[1]
+    finally:
+        starting.join(60)
+        cluster.stop()
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as exc:  # reported by the test's assertion
+        return exc
+    return None
 
 
 def test_a_wrong_address_fails_in_seconds_naming_it():

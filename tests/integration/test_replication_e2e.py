@@ -532,7 +532,8 @@ def proxied_cluster(tmp_path, zk_connect):
     overrides = {"zookeeper.session.timeout.ms": "3000", "replica.lag.time.max.ms": "30000",
                  "auto.leader.rebalance.enable": "false", "controlled.shutdown.enable": "false"}
     cluster = LocalCluster(str(tmp_path / "cluster"), 3, zookeeper_connect=zk_connect, overrides=overrides,
-                           broker_overrides={bid: {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{px.port}"}
+                           broker_overrides={bid: {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{px.port},"
+                                                                           f"FLIGHT://127.0.0.1:0"}
                                              for bid, px in proxies.items()},
                            die_with_parent=True)
     made["c"] = cluster

@@ -215,6 +215,14 @@ def test_advertised_listeners():
     refused(lambda: cfg(advertised_listeners="PLAINTEXT://0.0.0.0:9092"), "advertised.listeners")
     refused(lambda: cfg(advertised_listeners="PLAINTEXT://h:0"), "advertised.listeners")
     refused(lambda: cfg(advertised_listeners="PLAINTEXT://a:1,FLIGHT://b:2"), "advertised.listeners")
+    # Port 0 advertises the bound port (Kafka's registration does so), only where the listener binds port 0.
+    proxied = cfg(listeners="PLAINTEXT://127.0.0.1:9092,FLIGHT://127.0.0.1:0",
+                  advertised_listeners="PLAINTEXT://proxy:7000,FLIGHT://127.0.0.1:0")
+    assert proxied.get("advertised.listeners") == (Endpoint("PLAINTEXT", "proxy", 7000),
+                                                   Endpoint("FLIGHT", "127.0.0.1", 0))
+    assert proxied.advertised_endpoint() == Endpoint("PLAINTEXT", "proxy", 7000)
+    refused(lambda: cfg(listeners="PLAINTEXT://h:1,FLIGHT://h:2", advertised_listeners="PLAINTEXT://a:1,FLIGHT://a:0"),
+            "advertised.listeners", "FLIGHT://a:0")
 
 
 @pytest.mark.parametrize("good", ["h:2181", "a:1,b:2,c:3/chroot/x", "h", "[::1]:2181/kafka", "h:2181/"])
