@@ -295,13 +295,20 @@ class Controller:
             self._create_states(missing)
         ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch(V.DeleteTopics())))
         self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
-        changed = self._elect_restarted_since_written(written_at)
-        self._sync_partition_states(changed + self._elect_offline() + self._elect_for_offline_replicas())
+        loaded = time.monotonic()
+        restarted = self._elect_restarted_since_written(written_at)
+        changed = restarted + self._elect_offline() + self._elect_for_offline_replicas()
+        self._sync_partition_states(changed)
+        decided = time.monotonic()
         # Full state to every live broker: metadata first, then roles (one request built for all).
         self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
         self._send_leader_and_isr(list(ctx.states))
+        # The phases, so a slow failover says where its time went (ZooKeeper reads,
+        # re-decided states, building and queueing the requests).
         log.info("controller failover: loaded %d topics, %d partitions and sent the full state to %d brokers "
-                 "in %.3fs", len(ctx.topics), len(ctx.states), len(ctx.live), time.monotonic() - started)
+                 "in %.3fs (read %.3fs, decided and wrote %d states (%d with restarted ISR members) in %.3fs, "
+                 "sent %.3fs)", len(ctx.topics), len(ctx.states), len(ctx.live), time.monotonic() - started,
+                 loaded - started, len(set(changed)), len(restarted), decided - loaded, time.monotonic() - decided)
         self._try_delete_topics()
         # Admin work an earlier controller left unfinished resumes here (seed 003);
         # a failure there must not stop the controller from serving.
