@@ -41,3 +41,22 @@ def cluster_factory(tmp_path, zk_connect):
 @pytest.fixture
 def cluster3(cluster_factory):
     return cluster_factory(3)
+
+
+@pytest.fixture
+def secure(tmp_path, zk_connect):
+    """A 2-broker TLS + SASL_SSL cluster with the ACL authorizer, users admin (super
+    user), alice and bob: ``(SecureSetup, LocalCluster)``."""
+    from replikafka.security.local_setup import SecureSetup
+    setup = SecureSetup(str(tmp_path / "pki"), users=("admin", "alice", "bob"))
+    cluster = LocalCluster(str(tmp_path / "cluster"), 2, zookeeper_connect=zk_connect, security=setup,
+                           die_with_parent=True,
+                           overrides={"zookeeper.session.timeout.ms": "4000", "replica.lag.time.max.ms": "4000",
+                                      "controlled.shutdown.enable": "false"})
+    try:
+        cluster.start()
+        yield setup, cluster
+    finally:
+        cluster.stop()
+        for bid in cluster.ids:
+            print(f"---- broker {bid} log tail ----\n{cluster.tail(bid, 20)}")

@@ -12,31 +12,13 @@ from kazoo.exceptions import NoAuthError
 from replikafka import Admin, Consumer, Producer
 from replikafka import errors as E
 from replikafka.client.connection import ConnectionPool
-from replikafka.local_cluster import LocalCluster
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.security.certs import CertificateAuthority
-from replikafka.security.local_setup import SecureSetup
 
 from cluster_helpers import kafka_batch, wait_until
 
 pytestmark = pytest.mark.integration
 TOPIC = "orders"
-
-
-@pytest.fixture
-def secure(tmp_path, zk_connect):
-    setup = SecureSetup(str(tmp_path / "pki"), users=("admin", "alice", "bob"))
-    cluster = LocalCluster(str(tmp_path / "cluster"), 2, zookeeper_connect=zk_connect, security=setup,
-                           die_with_parent=True,
-                           overrides={"zookeeper.session.timeout.ms": "4000", "replica.lag.time.max.ms": "4000",
-                                      "controlled.shutdown.enable": "false"})
-    try:
-        cluster.start()
-        yield setup, cluster
-    finally:
-        cluster.stop()
-        for bid in cluster.ids:
-            print(f"---- broker {bid} log tail ----\n{cluster.tail(bid, 20)}")
 
 
 def _client(cls, cluster, setup, user, protocol="SASL_SSL", **kw):

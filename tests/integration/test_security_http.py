@@ -16,28 +16,11 @@ import urllib.request
 import pytest
 
 from replikafka import Admin
-from replikafka.local_cluster import LocalCluster
-from replikafka.security.local_setup import SecureSetup
 
 from cluster_helpers import wait_until
 
 pytestmark = pytest.mark.integration
 READS = ("/metrics", "/", "/status.json", "/replicas.json", "/loggers")
-
-
-@pytest.fixture
-def secure(tmp_path, zk_connect):
-    setup = SecureSetup(str(tmp_path / "pki"), users=("admin", "alice", "bob"))
-    cluster = LocalCluster(str(tmp_path / "cluster"), 2, zookeeper_connect=zk_connect, security=setup,
-                           die_with_parent=True,
-                           overrides={"zookeeper.session.timeout.ms": "4000", "controlled.shutdown.enable": "false"})
-    try:
-        cluster.start()
-        yield setup, cluster
-    finally:
-        cluster.stop()
-        for bid in cluster.ids:
-            print(f"---- broker {bid} log tail ----\n{cluster.tail(bid, 20)}")
 
 
 def _context(setup, cert_user: str | None = None) -> ssl.SSLContext:
