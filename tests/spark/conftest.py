@@ -86,12 +86,18 @@ def topics(spark_cluster, request):
 @pytest.fixture(scope="session")
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.errors import PySparkRuntimeError
     from replikafka.spark import local_session
-    session = local_session("replikafka-tests", "local[2]", {
-        "spark.sql.shuffle.partitions": "2",
-        "spark.default.parallelism": "2",
-        "spark.sql.streaming.stopTimeout": "10s",
-    })
+    conf = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+            "spark.sql.streaming.stopTimeout": "10s"}
+    # One SparkSession serves every Spark test, so a JVM that fails to launch once
+    # (seen once in a CI run: JAVA_GATEWAY_EXITED, while a rerun started it at once)
+    # would error all of them: launching it is retried once, loudly.
+    try:
+        session = local_session("replikafka-tests", "local[2]", conf)
+    except PySparkRuntimeError as exc:
+        print(f"SparkSession did not start ({exc}); retrying once", file=sys.stderr)
+        session = local_session("replikafka-tests", "local[2]", conf)
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
