@@ -45,7 +45,6 @@ from replikafka.protocol.rpc_errors import abort, to_pb
 log = logging.getLogger("replikafka.rpc")
 
 ANONYMOUS = "User:ANONYMOUS"
-CLUSTER = ("Cluster", "kafka-cluster")   # Kafka's one cluster resource
 
 
 # ---------------------------------------------------------------- what each RPC is
@@ -121,7 +120,7 @@ class RequestContext:
 
     def allowed(self, operation: str, resource: tuple[str, str]) -> bool:
         """May this caller do ``operation`` (Kafka's names: Read, Write, ...) on
-        ``resource`` (``("Topic", name)`` or :data:`CLUSTER`)?"""
+        ``resource`` (``("Topic", name)`` or ``broker.security.CLUSTER``)?"""
         return self.gate.allowed(self, operation, resource)
 
 
