@@ -267,7 +267,7 @@ class ReplicaManagerCollector(Collector):
         self.fetchers = fetchers
 
     def collect(self):
-        from replikafka.broker.partition import LEADER
+        from replikafka.broker.replica.partition import LEADER
         with self.rm.lock:
             parts = list(self.rm.partitions.values())
         leaders = under_replicated = under_min_isr = at_min_isr = producer_ids = 0

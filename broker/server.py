@@ -31,8 +31,8 @@ from replikafka.broker.flight_security import flight_server_options
 from replikafka.broker.flight_server import BrokerFlightServer
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.metrics import BrokerMetrics, flight_middleware_factory
-from replikafka.broker.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
-from replikafka.broker.replica_manager import ReplicaManager
+from replikafka.broker.replica.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
+from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.controller.controller_events import SessionReestablished, TopicConfigChange

@@ -199,7 +199,7 @@ tr.broker-offline td{background:#f8d7da}.summary span{margin-right:1.5em}
 def local_replicas(replica_manager, tps: list[tuple[str, int]] | None) -> dict[str, dict]:
     """This broker's view of its replicas (``tps``, or all): ``"topic:partition" ->
     {role, hw, leo, log_start, leader_epoch, followers: {id: fetch offset}}``."""
-    from replikafka.broker.partition import LEADER
+    from replikafka.broker.replica.partition import LEADER
     with replica_manager.lock:
         parts = [replica_manager.partitions.get(tp) for tp in tps] if tps is not None \
             else list(replica_manager.partitions.values())

@@ -43,9 +43,9 @@ from replikafka.broker.controller import controller_events as V
 from replikafka.broker.controller.controller import Controller
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.metrics import BrokerMetrics
-from replikafka.broker.partition import LEADER
-from replikafka.broker.replica_fetcher import ReplicaFetcherManager
-from replikafka.broker.replica_manager import ReplicaManager
+from replikafka.broker.replica.partition import LEADER
+from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
+from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.server import BrokerServer, PartitionLogs
 from replikafka.broker.storage import LogManager, ManualClock
 from replikafka.protocol import replikafka_pb2 as pb

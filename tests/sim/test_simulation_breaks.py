@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from replikafka.broker import replica_manager
+from replikafka.broker.replica import replica_manager
 from sim_cluster import InvariantViolation
 from test_simulation import run_seed
 

@@ -21,9 +21,9 @@ from replikafka.broker.controller.controller import Controller
 from replikafka.broker.http_server import BrokerHttpServer
 from replikafka.broker.metrics import (BrokerMetrics, ControllerCollector, ReplicaManagerCollector,
                                        ZooKeeperCollector, ZkSessionStats)
-from replikafka.broker.partition import Partition
-from replikafka.broker.replica_fetcher import ReplicaFetcherManager
-from replikafka.broker.replica_manager import ReplicaManager
+from replikafka.broker.replica.partition import Partition
+from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
+from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.status_page import (ClusterSnapshot, PartitionRow, Query, render_html,
                                            select_partitions)
 from replikafka.broker.storage import Log, LogConfig, ManualClock
@@ -126,7 +126,7 @@ def test_replica_manager_gauges_read_the_partitions_at_scrape_time(tmp_path):
     # Follower 2 fetched at 3 of the leader's 7 records; follower 3 never fetched (unknown, not counted).
     led.read_for_follower(2, 3, 1 << 20, -1)
     # As a follower of t-1 we hold 0 records and the leader's last answer said its LEO is 9.
-    from replikafka.broker.replica_fetcher import FetchState, ReplicaFetcher
+    from replikafka.broker.replica.replica_fetcher import FetchState, ReplicaFetcher
     fetcher = ReplicaFetcher(1, 2, None, rm.get, max_wait_ms=0, min_bytes=1, max_bytes=1, backoff_ms=0,
                              request_timeout_s=1)
     fetcher.states[followed.tp] = FetchState(1, truncating=False, leader_log_end=9)

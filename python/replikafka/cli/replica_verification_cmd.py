@@ -45,7 +45,7 @@ import crc32c as _crc32c
 from replikafka import errors as E
 from replikafka.cli import command_config
 
-#: Kafka's DEBUGGING_CONSUMER replica id (see broker/replica_manager.py).
+#: Kafka's DEBUGGING_CONSUMER replica id (see broker/replica/replica_manager.py).
 DEBUGGING_REPLICA_ID = -2
 DEFAULT_FETCH_SIZE = 1 << 20
 REQUEST_MAX_BYTES = 32 << 20

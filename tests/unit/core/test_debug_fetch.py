@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from replikafka.broker.metadata_cache import MetadataCache
-from replikafka.broker.partition import Partition
-from replikafka.broker.replica_manager import DEBUGGING_REPLICA_ID, ReplicaManager
+from replikafka.broker.replica.partition import Partition
+from replikafka.broker.replica.replica_manager import DEBUGGING_REPLICA_ID, ReplicaManager
 from replikafka.broker.storage import Log, LogConfig, ManualClock
 from replikafka.broker.storage import batch_format as bf
 from replikafka.protocol import replikafka_pb2 as pb

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from replikafka.broker.partition import Partition
-from replikafka.broker.replica_fetcher import ReplicaFetcher
+from replikafka.broker.replica.partition import Partition
+from replikafka.broker.replica.replica_fetcher import ReplicaFetcher
 from replikafka.broker.storage import Log, LogConfig, ManualClock
 from replikafka.protocol import replikafka_pb2 as pb
 

@@ -2,7 +2,7 @@
 thousands of partitions), one fetcher per leader, idle fetchers stopped."""
 from __future__ import annotations
 
-from replikafka.broker.replica_fetcher import ReplicaFetcherManager
+from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
 from replikafka.protocol import replikafka_pb2 as pb
 
 

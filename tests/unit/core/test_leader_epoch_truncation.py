@@ -1,5 +1,5 @@
 """Where a follower truncates: KIP-101's two scenarios and KIP-279's walk-back."""
-from replikafka.broker.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
+from replikafka.broker.replica.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
 
 
 def cache(entries, leo):

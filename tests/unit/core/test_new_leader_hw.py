@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from replikafka import errors as E
-from replikafka.broker.partition import Partition
-from replikafka.broker.replica_manager import ReplicaManager
+from replikafka.broker.replica.partition import Partition
+from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.storage import ManualClock
 from replikafka.protocol import replikafka_pb2 as pb
 

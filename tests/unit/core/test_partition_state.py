@@ -1,5 +1,5 @@
 """The leader's pure HW/ISR state machine."""
-from replikafka.broker.partition_state import LeaderState
+from replikafka.broker.replica.partition_state import LeaderState
 
 
 def leader(isr=(1, 2, 3), hw=0, leo_start=0, now=1000):

@@ -1,7 +1,7 @@
 """Idempotent producer deduplication (KIP-98)."""
 import pytest
 
-from replikafka.broker.producer_state import Duplicate, ProducerStateManager
+from replikafka.broker.replica.producer_state import Duplicate, ProducerStateManager
 from replikafka.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 
 

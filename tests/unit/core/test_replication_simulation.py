@@ -19,8 +19,8 @@ import random
 import pytest
 
 from replikafka.broker.controller.controller_decisions import elect_leader, remove_from_isr
-from replikafka.broker.leader_epoch_truncation import AskAgain, truncation_decision
-from replikafka.broker.partition_state import LeaderState
+from replikafka.broker.replica.leader_epoch_truncation import AskAgain, truncation_decision
+from replikafka.broker.replica.partition_state import LeaderState
 from replikafka.broker.zk_store import LeaderAndIsr
 
 REPLICAS = (1, 2, 3)
@@ -305,7 +305,7 @@ def test_the_invariants_catch_truncation_to_the_high_watermark(monkeypatch):
     """The checks can fail: with the seeds' HW-only truncation (what KIP-101
     fixed), some seed loses acknowledged data or lets replicas diverge."""
     import test_replication_simulation as sim_mod
-    from replikafka.broker.leader_epoch_truncation import Truncate
+    from replikafka.broker.replica.leader_epoch_truncation import Truncate
 
     monkeypatch.setattr(sim_mod, "truncation_decision",
                         lambda e, end, lookup, leo, hw: Truncate(min(hw, leo)))

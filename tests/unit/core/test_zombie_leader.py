@@ -18,8 +18,8 @@ from replikafka import records as R
 from replikafka.broker import zk_store as Z
 from replikafka.broker.config import BrokerConfig, log_config_for_topic
 from replikafka.broker.metadata_cache import MetadataCache
-from replikafka.broker.partition import FOLLOWER, LEADER
-from replikafka.broker.replica_manager import ReplicaManager
+from replikafka.broker.replica.partition import FOLLOWER, LEADER
+from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.server import PartitionLogs
 from replikafka.broker.storage import LogManager, ManualClock
 from replikafka.protocol import replikafka_pb2 as pb

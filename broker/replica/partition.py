@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass
 
 from replikafka import errors as E
-from replikafka.broker.partition_state import LeaderState
-from replikafka.broker.producer_state import Duplicate, ProducerStateManager
+from replikafka.broker.replica.partition_state import LeaderState
+from replikafka.broker.replica.producer_state import Duplicate, ProducerStateManager
 
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 log = logging.getLogger("replikafka.partition")

@@ -17,7 +17,7 @@ from replikafka import errors as E
 from replikafka import records as R
 from replikafka.broker import state_change_log
 from replikafka.broker.metrics import ReplicaStats
-from replikafka.broker.partition import LEADER, Partition
+from replikafka.broker.replica.partition import LEADER, Partition
 from replikafka.broker.storage.log import clip_stored
 from replikafka.broker.zk_store import LeaderAndIsr
 from replikafka.protocol import replikafka_pb2 as pb

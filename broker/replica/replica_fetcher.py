@@ -18,7 +18,7 @@ import grpc
 
 from replikafka.broker import replica_fetch_codec
 from replikafka.errors import StorageError
-from replikafka.broker.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
+from replikafka.broker.replica.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.client.connection import open_channel, target_of
 from replikafka.protocol import replikafka_pb2_grpc as pbg
