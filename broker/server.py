@@ -182,12 +182,6 @@ class BrokerServer:
         if self.http is not None:
             self.store.registration_extra["metrics_url"] = self.http.url
         self._serve_flight()
-        # A previous incarnation's ephemeral node lives until its session times out.
-        self.broker_epoch = self.store.register_broker(
-            self.broker_id, self.endpoint.host, self.endpoint.port,
-            wait_s=2 * cfg.get("zookeeper.session.timeout.ms") / 1000.0 + 5,
-            endpoints=tuple(str(e) for e in self.advertised_endpoints()))
-        self.replica_manager.registered_epoch = self.broker_epoch
         self.controller = Controller(self.broker_id, self.store,
                                      unclean_default=cfg.get("unclean.leader.election.enable"),
                                      request_timeout_s=cfg.get("controller.socket.timeout.ms") / 1000.0,
@@ -195,8 +189,16 @@ class BrokerServer:
                                      imbalance_percentage=cfg.get("leader.imbalance.per.broker.percentage"),
                                      imbalance_check_interval_s=cfg.get("leader.imbalance.check.interval.seconds"),
                                      channel_credentials=self.channel_credentials)
-        self.controller.start()
+        # Every metric is served before the registration makes the broker visible
+        # (a scrape of a registered broker never misses a family).
         self.metrics.bind(self)
+        # A previous incarnation's ephemeral node lives until its session times out.
+        self.broker_epoch = self.store.register_broker(
+            self.broker_id, self.endpoint.host, self.endpoint.port,
+            wait_s=2 * cfg.get("zookeeper.session.timeout.ms") / 1000.0 + 5,
+            endpoints=tuple(str(e) for e in self.advertised_endpoints()))
+        self.replica_manager.registered_epoch = self.broker_epoch
+        self.controller.start()
         self._loop("isr-maintenance", self.replica_manager.do_isr_work,
                    min(cfg.get("replica.lag.time.max.ms") / 4, 500))
         self._loop("hw-checkpoint", self._checkpoint_hw, cfg.get("replica.high.watermark.checkpoint.interval.ms"))

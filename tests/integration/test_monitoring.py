@@ -119,6 +119,42 @@ def test_isr_shrink_and_expand_counters_move_when_a_follower_pauses(cluster_fact
     admin.close()
 
 
+def test_zookeeper_session_state_and_expirations_follow_a_real_session_expiry(cluster_factory):
+    """SessionExpireListener: a broker paused past its ZooKeeper session timeout comes
+    back to an expired session (LOST), counts the expiration and the disconnect,
+    re-registers, and reports CONNECTED again."""
+    cluster = cluster_factory(1)
+    (b,) = cluster.ids
+    # Registered is not yet started: pause it only once start-up is over.
+    wait_until(lambda: "serving on" in cluster.tail(b, 200), 30, what="the broker to finish starting")
+    state = "kafka_server_sessionexpirelistener_sessionstate"
+    expires = "kafka_server_sessionexpirelistener_zookeeperexpires_total"
+    disconnects = "kafka_server_sessionexpirelistener_zookeeperdisconnects_total"
+    m = scrape(cluster, b)
+    assert {k[0][1]: v for k, v in m[state].items()} == {"CONNECTED": 1, "SUSPENDED": 0, "LOST": 0}
+    assert m[expires][()] == 0 and m[disconnects][()] == 0
+    zk = cluster.zk()
+    try:
+        before = zk.get(f"/brokers/ids/{b}")[1].czxid
+        cluster.pause(b)
+        try:   # the server expires the session and deletes the ephemeral registration
+            wait_until(lambda: zk.exists(f"/brokers/ids/{b}") is None, 30, what="the session to expire")
+        finally:
+            cluster.resume(b)
+
+        def registered_again():
+            stat = zk.exists(f"/brokers/ids/{b}")
+            return stat is not None and stat.czxid != before
+        wait_until(registered_again, 30, what="the broker to re-register")
+    finally:
+        zk.stop()
+        zk.close()
+    wait_until(lambda: scrape(cluster, b)[expires][()] >= 1, 30, what="the expiration counted")
+    m = scrape(cluster, b)
+    assert m[disconnects][()] >= 1
+    assert {k[0][1]: v for k, v in m[state].items()} == {"CONNECTED": 1, "SUSPENDED": 0, "LOST": 0}
+
+
 def test_per_topic_byte_and_message_counters_match_what_was_produced_and_fetched(cluster_factory):
     cluster = cluster_factory(2)
     admin = replikafka.Admin(cluster.bootstrap_servers)
