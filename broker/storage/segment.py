@@ -477,21 +477,29 @@ class LogSegment:
         """Replace the data file by its first `keep` bytes + `tail` (or, with
         `schema_msg`, by schema_msg + tail) through a new inode: never shrink in place."""
         tmp = self.path + TMP_SUFFIX
-        with open(tmp, "wb") as dst:
-            if schema_msg is not None:
-                dst.write(schema_msg)
-            else:
-                with open(self.path, "rb") as src:
-                    remaining = keep
-                    while remaining:
-                        chunk = src.read(min(remaining, 1 << 20))
-                        if not chunk:
-                            raise StorageError(f"{self.path}: shorter than {keep} bytes")
-                        dst.write(chunk)
-                        remaining -= len(chunk)
-            dst.write(tail)
-            dst.flush()
-            os.fsync(dst.fileno())
+        try:
+            with open(tmp, "wb") as dst:
+                if schema_msg is not None:
+                    dst.write(schema_msg)
+                else:
+                    with open(self.path, "rb") as src:
+                        remaining = keep
+                        while remaining:
+                            chunk = src.read(min(remaining, 1 << 20))
+                            if not chunk:
+                                raise StorageError(f"{self.path}: shorter than {keep} bytes")
+                            dst.write(chunk)
+                            remaining -= len(chunk)
+                dst.write(tail)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except BaseException:
+            # A partial copy (ENOSPC: the usual reason) must not hold space on the full disk.
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
         self._close_fd()
         os.replace(tmp, self.path)
         if not self._retired:

@@ -175,7 +175,8 @@ def run_fuzz(cluster, requests: int, seed: int) -> dict:
              for b, ch in channels.items() for path in METHODS}
     producer = BackgroundProducer(bs, "fuzz-a", 2, batch=10).start()
     unnamed: list[str] = []
-    stats = {"requests": 0, "refused": 0, "ok": 0}
+    stats = {"requests": 0, "refused": 0, "ok": 0, "named_errors": 0}
+    started = time.monotonic()
     acked_midway = None
     try:
         for i in range(requests):
@@ -194,11 +195,17 @@ def run_fuzz(cluster, requests: int, seed: int) -> dict:
                         unnamed.append(f"{path} ({kind}) to broker {broker}: no answer in 10 s")
                 elif not _named(exc.details()):
                     unnamed.append(f"{path} ({kind}) to broker {broker}: {exc.code()} {exc.details()!r}")
+                else:
+                    stats["named_errors"] += 1
                 continue
             stats["ok"] += 1
             for err in _response_errors(path, raw):
                 if err.code == "UNKNOWN_SERVER_ERROR":
                     unnamed.append(f"{path} ({kind}) to broker {broker}: {err.code}: {err.message}")
+                else:
+                    stats["named_errors"] += 1
+        stats["fuzz_seconds"] = round(time.monotonic() - started, 1)
+        stats["brokers_dead"] = sum(not cluster.alive(b) for b in cluster.ids)
         assert all(cluster.alive(b) for b in cluster.ids), "a broker died under the fuzz"
     finally:
         log = producer.stop()
@@ -213,6 +220,7 @@ def run_fuzz(cluster, requests: int, seed: int) -> dict:
     lost = {k: v for k, v in log.acked.items() if got.get(k) != v}
     assert not lost, f"{len(lost)} acknowledged records lost or changed, e.g. {list(lost.items())[:3]}"
     stats["acked"] = len(log.acked)
+    stats["acked_lost"] = len(lost)
     # Logs stay useful: malformed requests are rate-limited lines (the RPC seam), never tracebacks.
     for b in cluster.ids:
         text = cluster.tail(b, 100_000)
