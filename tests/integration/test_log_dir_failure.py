@@ -6,7 +6,9 @@ The tests run as root and mount tmpfs (skipped, with the reason, where mounting 
 impossible)."""
 from __future__ import annotations
 
+import collections
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -30,7 +32,34 @@ def _umount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True)
 
 
-def test_a_full_log_dir_goes_offline_and_leadership_moves_with_no_acknowledged_loss(tmp_path, zk_connect):
+def _scan_copy(partition_dir: str, dst: str, clean: bool = False) -> dict:
+    """Open a copy of a partition's log with the storage engine (the original is untouched).
+    Unclean (the default), every batch of every segment is validated (framing, CRC-32C,
+    Arrow, contiguous offsets) and the file cut at the first invalid byte: ``truncated_bytes``
+    says how many bytes a torn tail held. Clean, the segments are trusted only if their
+    indexes pass their sanity checks and the last one's tail frames whole (``recovered_segments``
+    counts those that did not). Returns the load stats, the log end and (offset, value) pairs."""
+    from replikafka.broker.storage import Log, LogConfig
+    shutil.copytree(partition_dir, dst, ignore=shutil.ignore_patterns("*.tmp"))
+    log = Log.open(dst, LogConfig(max_message_bytes=64 << 20), None, recovery_point=0, clean=clean)
+    try:
+        pairs, offset = [], log.log_start_offset
+        while offset < log.log_end_offset:
+            r = log.read(offset, 8 << 20, log.log_end_offset)
+            for b in r.batches:
+                pairs.extend(enumerate(b.column("value").to_pylist(), start=offset))
+                offset += b.num_rows
+        return dict(log.load_stats, log_end_offset=log.log_end_offset, pairs=pairs)
+    finally:
+        log.close()
+
+
+def test_a_full_log_dir_goes_offline_leadership_moves_and_the_restarted_replica_is_intact(tmp_path, zk_connect):
+    """The log dir fills, goes offline (KIP-112), leadership moves, 0 acknowledged records are
+    lost; then the broker stops, the dir gets room (remounted bigger) and the broker starts
+    again: its replica's log has no torn tail (whatever the ENOSPC left is cut by recovery),
+    every batch passes its CRC, its end agrees with its index and recovery-point checkpoint,
+    it rejoins the ISR, and it holds every acknowledged record exactly once."""
     base = str(tmp_path / "cluster")
     small = os.path.join(base, "broker-1-small")
     _mount_tmpfs(small, "3m")
@@ -69,6 +98,39 @@ def test_a_full_log_dir_goes_offline_and_leadership_moves_with_no_acknowledged_l
                 from cluster_helpers import kafka_batch
                 p.send("steady", kafka_batch([b"s"]), partition=0).result(timeout=30)
             assert 1 in admin.describe_topic("steady").partitions[0].isr
+
+            # Restart after the disk has room again. What the ENOSPC left on disk, before the restart:
+            filling_dir = os.path.join(small, "filling-0")
+            assert cluster.stop_broker(1) == 0
+            assert not [n for n in os.listdir(filling_dir) if n.endswith(".tmp")], \
+                f"a partial copy holds space on the full disk: {os.listdir(filling_dir)}"
+            before = _scan_copy(filling_dir, str(tmp_path / "before"))
+            subprocess.run(["mount", "-o", "remount,size=64m", small], check=True)
+            cluster.start_broker(1)
+            wait_until(lambda: 1 in admin.describe_topic("filling").partitions[0].isr, 120,
+                       what="the restarted replica to rejoin the ISR")
+            consumer = replikafka.Consumer(cluster.bootstrap_servers)
+            end = consumer.end_offsets([("filling", 0)])[("filling", 0)]
+            consumer.close()
+            # Nothing is produced now: an ISR member holds the whole log; the copies are a still picture.
+            after = _scan_copy(filling_dir, str(tmp_path / "after"))
+            trusted = _scan_copy(filling_dir, str(tmp_path / "trusted"), clean=True)
+            assert after["truncated_bytes"] == 0, f"a torn tail after recovery: {after}"
+            assert after["log_end_offset"] == end == trusted["log_end_offset"]
+            assert trusted["recovered_segments"] == 0, f"index or tail inconsistent with the data: {trusted}"
+            from replikafka.broker.storage import RECOVERY_POINT_CHECKPOINT, OffsetCheckpointFile
+            checkpoint = OffsetCheckpointFile(os.path.join(small, RECOVERY_POINT_CHECKPOINT)).read()
+            recovery_point = checkpoint.get(("filling", 0), 0)
+            assert 0 <= recovery_point <= end
+            stored = dict(after["pairs"])
+            counts = collections.Counter(stored.values())
+            missing = {k: v for k, v in log.acked.items() if stored.get(k[1]) != v}
+            assert not missing, f"{len(missing)} acknowledged records not in the restarted replica, " \
+                                f"e.g. {list(missing.items())[:3]}"
+            twice = [v for v in log.acked.values() if counts[v] != 1]
+            assert not twice, f"{len(twice)} acknowledged records stored more than once, e.g. {twice[:3]}"
+            print(f"log dir restart: torn tail before the restart {before['truncated_bytes']} bytes "
+                  f"(recovery cut it), log end {end}, {len(log.acked)} acknowledged records all present once")
             admin.close()
         finally:
             cluster.stop()
