@@ -3,6 +3,16 @@
 each as a ratio of the storage engine's own append / read of the same batches
 measured in the same run (what a broker could do with zero RPC cost).
 
+The leader's validation of produced records (the payload's CRC-32C against the
+producer's, one Arrow IPC stream, Arrow's full validation of every batch) is
+measured against the same broker skipping it: `bench/trusting_broker.py` skips it
+for topics named ``trusted-*`` only, so both sides run on one broker process in
+interleaved rounds (validated, trusted, trusted, validated, ...); the row's ratio
+is the median of the per-round ratios, with their spread. A produce with a wrong
+CRC is sent to both topics first, to show the one refuses it and the other
+really skips the check. The same validation is also timed alone, in this
+process, on the same payloads (no RPC noise).
+
 The consumer reads through the broker's Arrow Flight listener (its default); the
 same read is also timed against plain ``pyarrow.flight`` serving the same
 batches from memory in this process (the transport's ceiling), with ``Fetch``
@@ -12,6 +22,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -25,6 +37,7 @@ from replikafka.local_cluster import LocalCluster
 
 RECORDS = 1_000_000
 ROUNDS = 2
+VALIDATION_ROUNDS = 6     # interleaved rounds of the validation row (each produces RECORDS twice)
 
 
 def _produce(bs: str, topic: str, batches, security: dict | None = None) -> float:
@@ -162,7 +175,92 @@ def run() -> list[dict]:
                      value=best["consume_cpu"] / (nbytes / 1e9), unit="s/GB"))
     rows.append(dict(bench="cluster", metric="consume via Fetch: broker CPU s per GB served",
                      value=best["fetch_cpu"] / (nbytes / 1e9), unit="s/GB"))
-    return rows
+    return rows + validation_rows(batches)
+
+
+def validation_rows(batches) -> list[dict]:
+    """Produce through a validating leader vs a trusting one (module doc), and the
+    validation alone in this process."""
+    import grpc
+
+    from replikafka import records as R
+    from replikafka.protocol import replikafka_pb2 as pb
+
+    n = len(batches) * S.BATCH
+    root = tempfile.mkdtemp(prefix="validation-bench-")
+    cluster = LocalCluster(os.path.join(root, "cluster"), 1, die_with_parent=True,
+                           overrides={"message.max.bytes": str(64 << 20)})
+    cluster.broker_commands[1] = [sys.executable, os.path.join(os.path.dirname(__file__), "trusting_broker.py")]
+    kinds = ("validated", "trusted")     # topic name prefixes: the broker trusts "trusted-*"
+    took: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}     # the broker's CPU seconds per round
+    try:
+        cluster.start()
+        admin = replikafka.Admin(cluster.bootstrap_servers)
+        cfg = {"max.message.bytes": str(64 << 20), "segment.bytes": str(1 << 30)}
+        refused = {}
+        for kind in kinds:
+            topic = f"{kind}-crc-check"
+            admin.create_topic(topic, schema="value BINARY", config=cfg)
+            payload = R.encode_stream(batches[0].schema, [batches[0].slice(0, 1)]).to_pybytes()
+            with grpc.insecure_channel(cluster.address(1)) as ch:
+                produce = ch.unary_unary("/replikafka.Replikafka/Produce",
+                                         request_serializer=pb.ProduceRequest.SerializeToString,
+                                         response_deserializer=pb.ProduceResponse.FromString)
+                request = pb.ProduceRequest(acks=1, timeout_ms=10_000, partitions=[pb.PartitionProduceData(
+                    topic=topic, partition=0, records=payload, records_crc32c=R.records_crc32c(payload) ^ 1)])
+                deadline = time.monotonic() + 60
+                while True:   # until the broker has heard it leads the new topic
+                    refused[kind] = produce(request, timeout=30).partitions[0].error.code
+                    if refused[kind] not in ("NOT_LEADER_OR_FOLLOWER", "UNKNOWN_TOPIC_OR_PARTITION") \
+                            or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
+        if refused != {"validated": "CORRUPT_MESSAGE", "trusted": ""}:
+            raise AssertionError(f"a produce with a wrong CRC-32C: {refused} (the trusted topic must store it, "
+                                 f"the validated one refuse it with CORRUPT_MESSAGE)")
+        for r in range(VALIDATION_ROUNDS):
+            for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                topic = f"{kind}-{r}"
+                admin.create_topic(topic, schema="value BINARY", config=cfg)
+                before = process_cpu_s(cluster.procs[1].pid)
+                took[kind].append(_produce(cluster.bootstrap_servers, topic, batches))
+                cpu[kind].append(process_cpu_s(cluster.procs[1].pid) - before)
+        admin.close()
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    ratios = [t / v for v, t in zip(took["validated"], took["trusted"])]
+    cpu_ratios = [t / v for v, t in zip(cpu["validated"], cpu["trusted"])]
+    payloads = [R.encode_stream(b.schema, [b]).to_pybytes() for b in batches]
+    crcs = [R.records_crc32c(p) for p in payloads]
+    alone = {"validated": float("inf"), "trusted": float("inf")}
+    for _ in range(5):
+        t = time.perf_counter()
+        for p, c in zip(payloads, crcs):
+            R.decode_produced(p, c, "bench")
+        alone["validated"] = min(alone["validated"], time.perf_counter() - t)
+        t = time.perf_counter()
+        for p in payloads:
+            R.decode_stream(p)
+        alone["trusted"] = min(alone["trusted"], time.perf_counter() - t)
+    mb = sum(len(p) for p in payloads) / 1e6
+    median = statistics.median(ratios)
+    return [
+        dict(bench="cluster", metric=f"produce acks=1, leader validates (CRC-32C + full Arrow) vs skips it: "
+                                     f"records/s, ratio = median of {len(ratios)} interleaved rounds",
+             value=n / statistics.median(took["validated"]), unit="records/s",
+             baseline=n / statistics.median(took["trusted"]), ratio=median),
+        dict(bench="cluster", metric="  the same: lowest per-round ratio", value=min(ratios), unit="ratio"),
+        dict(bench="cluster", metric="  the same: highest per-round ratio", value=max(ratios), unit="ratio"),
+        dict(bench="cluster", metric="  the same: broker CPU s per round (less sensitive to a busy machine), "
+                                     "ratio = median of per-round ratios",
+             value=statistics.median(cpu["validated"]), unit="s", baseline=statistics.median(cpu["trusted"]),
+             ratio=statistics.median(cpu_ratios)),
+        dict(bench="cluster", metric="leader's validation alone (decode_produced vs decode_stream), MB/s",
+             value=mb / alone["validated"], unit="MB/s", baseline=mb / alone["trusted"],
+             ratio=alone["trusted"] / alone["validated"]),
+    ]
 
 
 def _produce_to(bs: str, topic: str, batches, partition: int) -> None:
@@ -185,4 +283,5 @@ def _engine_read(d: str, n: int) -> float:
 
 if __name__ == "__main__":
     from bench.__main__ import print_table
-    print_table(run())
+    print_table(validation_rows(S.make_batches()[: RECORDS // S.BATCH]) if sys.argv[1:] == ["validation"]
+                else run())

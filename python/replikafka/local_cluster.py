@@ -75,6 +75,9 @@ class LocalCluster:
         self.registration_addresses: dict[int, tuple[str, int] | None] = {}
         self.launched_ms: dict[int, int] = {}     # broker -> when its process was started (wall clock, ms)
         self.procs: dict[int, subprocess.Popen] = {}
+        # broker -> its command line, properties file excluded, where not `python -m replikafka broker`
+        # (a benchmark starts a variant broker beside a normal one)
+        self.broker_commands: dict[int, list[str]] = {}
         self.zookeeper_connect = zookeeper_connect or ""
         # Tests want their processes gone if the test run dies; `cluster start` does not.
         self.die_with_parent = die_with_parent
@@ -151,8 +154,9 @@ class LocalCluster:
             env[PARENT_PID_ENV] = str(os.getpid())
         else:
             env.pop(PARENT_PID_ENV, None)
+        command = self.broker_commands.get(broker_id, [sys.executable, "-m", "replikafka", "broker"])
         self.procs[broker_id] = subprocess.Popen(
-            [sys.executable, "-m", "replikafka", "broker", path], stdout=out, stderr=subprocess.STDOUT,
+            [*command, path], stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         out.close()
         if wait:
