@@ -37,7 +37,6 @@ from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.controller.controller_events import SessionReestablished, TopicConfigChange
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
-from replikafka.broker.storage.fileio import atomic_write_bytes
 from replikafka.broker.startup_failure import check_port_free, startup_failure_line
 from replikafka.broker.control_plane_guard import ControlPlaneGuard
 from replikafka.broker.storage.log_manager import LogManager
@@ -62,41 +61,28 @@ class PartitionLogs:
     (``partition.metadata``, as Kafka's KIP-516) so a re-created topic never
     adopts an old directory."""
 
-    METADATA_FILE = "partition.metadata"
-
     def __init__(self, broker_config: BrokerConfig, log_manager: LogManager):
         self.broker_config = broker_config
         self.manager = log_manager
         self.hw_checkpoint = log_manager.read_high_watermarks()
-
-    @classmethod
-    def topic_id_of(cls, log_) -> str:
-        try:
-            with open(os.path.join(log_.dir, cls.METADATA_FILE)) as f:
-                for line in f:
-                    k, _, v = line.partition(":")
-                    if k.strip() == "topic_id":
-                        return v.strip()
-        except FileNotFoundError:
-            pass
-        return ""
+        self._configs: dict[tuple, object] = {}   # topic overrides -> LogConfig (one per topic, not per partition)
 
     def get_or_create(self, topic: str, partition: int, schema, topic_config: dict, topic_id: str):
-        overrides = {k: v for k, v in topic_config.items() if k != TOPIC_ID_KEY}
-        cfg = log_config_for_topic(self.broker_config, overrides)
+        key = tuple(sorted(topic_config.items()))
+        cfg = self._configs.get(key)
+        if cfg is None:
+            if len(self._configs) > 10_000:     # bounded: topics' override sets, rarely this many
+                self._configs.clear()
+            overrides = {k: v for k, v in topic_config.items() if k != TOPIC_ID_KEY}
+            cfg = self._configs[key] = log_config_for_topic(self.broker_config, overrides)
         existing = self.manager.get_log(topic, partition)
-        if existing is not None and (self.topic_id_of(existing) not in ("", topic_id)
-                                     or not existing.schema.equals(schema)):
+        if existing is not None and (existing.topic_id not in ("", topic_id) or not existing.schema.equals(schema)):
             log.warning("%s-%d: local log belongs to an older topic of that name; deleting it", topic, partition)
             self.delete(topic, partition)
             existing = None
         log_ = existing or self.manager.get_or_create_log(topic, partition, schema, cfg)
-        if topic_id and self.topic_id_of(log_) != topic_id:
-            # Not fsynced (thousands of partitions are created at once): a file lost
-            # in a crash reads as no topic id and is written again by the next
-            # LeaderAndIsr, as Kafka flushes partition.metadata with the log.
-            atomic_write_bytes(os.path.join(log_.dir, self.METADATA_FILE),
-                               f"version: 0\ntopic_id: {topic_id}\n".encode(), durable=False)
+        if topic_id:
+            log_.set_topic_id(topic_id)
         return log_
 
     def checkpointed_hw(self, tp) -> int:
@@ -243,7 +229,7 @@ class BrokerServer:
             assignment, cfg = topics[topic]
             topic_id = cfg[0].get(TOPIC_ID_KEY, "") if cfg else ""
             if assignment is None or self.broker_id not in assignment.get(partition, []) \
-                    or PartitionLogs.topic_id_of(log_) not in ("", topic_id):
+                    or log_.topic_id not in ("", topic_id):
                 deleted.append(f"{topic}-{partition}")
                 self.log_manager.delete_log(topic, partition)
         if deleted:   # one line, not one per partition

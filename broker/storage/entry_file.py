@@ -8,16 +8,29 @@ flush, seal and close), which saves a syscall per entry; `reset` rewrites the
 file (no fsync: these files are caches, fsynced with their segment on flush
 and rebuilt after an unclean stop).
 
+An index bound by `lazy_check` (a log loaded from its clean-shutdown state)
+reads its file on first use instead: a broker with 50,000 partitions reads
+only the indexes it touches. If the file then fails the check, its entries are
+dropped (a lookup scans from the segment start: slower, still correct).
+
 Thread-safety: mutations are serialised by the owning Log's lock; readers take
-the immutable (array, count) snapshot in `_state` and need no lock.
+the immutable (array, count) snapshot in `_state` and need no lock (a lazy
+first load takes a module lock, so a reader's load never overwrites an entry
+a writer added meanwhile).
 """
 from __future__ import annotations
 
+import logging
 import os
+import threading
+from typing import Callable
 
 import numpy as np
 
 from .fileio import fsync_path, replace_cache_file
+
+log = logging.getLogger(__name__)
+_LAZY_LOAD_LOCK = threading.Lock()
 
 
 class EntryFile:
@@ -25,13 +38,39 @@ class EntryFile:
 
     DTYPE: np.dtype
 
-    def __init__(self, path: str, base_offset: int):
+    def __init__(self, path: str, base_offset: int, lazy_check: Callable[[], str | None] | None = None):
+        """`lazy_check`: read the file on first use, then run this sanity check."""
         self.path = path
         self.base_offset = base_offset
-        self._state = (np.zeros(64, dtype=self.DTYPE), 0)   # (array, valid entries), read as one snapshot
+        # (array, valid entries), read as one snapshot; None until a lazy index is loaded.
+        self._entries_state: tuple[np.ndarray, int] | None = \
+            None if lazy_check is not None else (np.zeros(64, dtype=self.DTYPE), 0)
+        self._lazy_check = lazy_check
         self._fd: int | None = None
         self._persisted = 0                # entries already in the file
         self._torn = False                 # file size was not a whole number of entries
+
+    @property
+    def _state(self) -> tuple[np.ndarray, int]:
+        state = self._entries_state
+        if state is None:
+            state = self._load_lazily()
+        return state
+
+    @_state.setter
+    def _state(self, state: tuple[np.ndarray, int]) -> None:
+        self._entries_state = state
+
+    def _load_lazily(self) -> tuple[np.ndarray, int]:
+        with _LAZY_LOAD_LOCK:
+            if self._entries_state is None:
+                self.load()
+                problem = self._lazy_check()
+                if problem:
+                    log.warning("%s: dropping the index (%s); lookups scan from the segment start",
+                                self.path, problem)
+                    self.reset([])     # the file goes too: later entries are not appended to bad ones
+            return self._entries_state
 
     def load(self) -> None:
         """Read the file (missing = empty). Call sanity_check before trusting it."""

@@ -41,10 +41,12 @@ class LeaderEpochFileCache:
     """A partition's epoch -> start offset history, kept in memory and in its
     checkpoint file (format: module doc). Thread-safe."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, entries: list[tuple[int, int]] | None = None):
+        """`entries`: the history as the file holds it, known without reading it
+        (a log loaded from its clean-shutdown state)."""
         self.path = path
         self._lock = threading.Lock()
-        self._entries: list[EpochEntry] = self._load()
+        self._entries: list[EpochEntry] = self._load() if entries is None else [EpochEntry(*e) for e in entries]
         self._dirty = False
 
     # ---- file ------------------------------------------------------------------
@@ -79,6 +81,12 @@ class LeaderEpochFileCache:
         self._dirty = False
 
     # ---- queries ---------------------------------------------------------------
+    @property
+    def dirty(self) -> bool:
+        """An assign or truncation not written to the file yet."""
+        with self._lock:
+            return self._dirty
+
     def entries(self) -> list[EpochEntry]:
         with self._lock:
             return list(self._entries)

@@ -6,6 +6,7 @@ On disk, per partition directory::
     <20-digit base offset>.index       sparse offset index  (see `offset_index`)
     <20-digit base offset>.timeindex   time index           (see `time_index`)
     leader-epoch-checkpoint            epoch history        (see `leader_epoch_cache`)
+    partition.metadata                 the topic id (KIP-516): "version: 0\ntopic_id: <id>\n"
 
 Offsets are dense: the record at row r of the stored batch with base offset b
 has offset b + r. Segment i+1's base offset is segment i's end offset. The
@@ -43,7 +44,7 @@ from replikafka.errors import (CorruptRecordError, InvalidConfigError, InvalidOf
 
 from . import batch_format as bf
 from .clock import SYSTEM_CLOCK
-from .fileio import TMP_SUFFIX, fsync_dir
+from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir
 from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
 from .log_config import LogConfig
 from .segment import DATA_SUFFIX, LogSegment
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 _SEGMENT_FILE = re.compile(r"^(\d{20})(\.arrows|\.index|\.timeindex)$")
 _INT32_MAX = 2**31 - 1
 TIMESTAMP_COLUMN = "timestamp"
+PARTITION_METADATA_FILE = "partition.metadata"
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,17 +192,19 @@ def _next_sequence(sequence: int, increment: int) -> int:
 class Log:
     """One partition's log (layout and thread-safety: module doc). Create with `Log.open`."""
 
-    def __init__(self, directory: str, config: LogConfig, schema: pa.Schema, clock):
+    def __init__(self, directory: str, config: LogConfig, schema: pa.Schema, clock,
+                 schema_msg: bytes | None = None, epoch_entries: list | None = None):
         self._dir = directory
         self._config = config
         self._schema = schema
-        self._schema_msg = bf.schema_message(schema)
+        self._schema_msg = bf.schema_message(schema) if schema_msg is None else schema_msg
         self._clock = clock
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
         self._encoder = bf.shared_encoder(schema)
         self._ts_index = schema.get_field_index(TIMESTAMP_COLUMN)
-        self._epoch_cache = LeaderEpochFileCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT))
+        self._epoch_cache = LeaderEpochFileCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT), epoch_entries)
+        self._topic_id: str | None = None   # partition.metadata, once read or written ("" = none)
         self._segments: list[LogSegment] = []      # replaced, never mutated in place
         self._published_segments: list[LogSegment] | None = None
         self._log_start = 0
@@ -242,6 +246,63 @@ class Log:
         self._parent_dir_dirty = created
         self._load(bases, recovery_point, log_start_offset, clean)
         return self
+
+    @classmethod
+    def from_state(cls, dir: str, config: LogConfig, schema: pa.Schema, schema_msg: bytes, state: dict,
+                   clock=None) -> "Log":
+        """The log described by `state()` at a clean shutdown, without reading its files
+        (`schema` is already validated; its segments' indexes load on first use)."""
+        clock = clock or SYSTEM_CLOCK
+        self = cls(dir, config, schema, clock, schema_msg, state["epochs"])
+        now = clock.time_ms()
+        interval = config.index_interval_bytes
+        segs = [LogSegment.from_state(dir, schema, st, interval, now) for st in state["segments"]]
+        if segs[-1].sealed:
+            segs.append(self._new_segment(segs[-1].next_offset))
+        self._segments = segs
+        self._leo = self._recovery_point = segs[-1].next_offset
+        self._log_start = state["start"]
+        self._topic_id = state.get("topic_id")
+        self.load_stats = dict(trusted_segments=len(segs), recovered_segments=0, recovered_batches=0,
+                               truncated_bytes=0, deleted_segments=0)
+        self._publish()
+        return self
+
+    def state(self) -> dict | None:
+        """The log as `from_state` needs it, taken after `close()`; None if it is not
+        wholly flushed (then the next start loads it from its files)."""
+        with self._lock:
+            if not self._closed or self._recovery_point != self._leo or self._epoch_cache.dirty:
+                return None
+            out = dict(start=self._log_start, segments=[s.state() for s in self._segments],
+                       epochs=[list(e) for e in self._epoch_cache.entries()])
+            if self._topic_id is not None:
+                out["topic_id"] = self._topic_id
+            return out
+
+    # ---- topic id (partition.metadata) ---------------------------------------
+    @property
+    def topic_id(self) -> str:
+        """The topic id this log belongs to ("" if never recorded): a re-created topic
+        of the same name has another id, so its replicas never adopt this log."""
+        if self._topic_id is None:
+            try:
+                with open(os.path.join(self._dir, PARTITION_METADATA_FILE)) as f:
+                    found = [v.strip() for k, _, v in (ln.partition(":") for ln in f) if k.strip() == "topic_id"]
+            except FileNotFoundError:
+                found = []
+            self._topic_id = found[0] if found else ""
+        return self._topic_id
+
+    def set_topic_id(self, topic_id: str) -> None:
+        """Record the topic id. Not fsynced (thousands of partitions are created at
+        once): a file lost in a crash reads as no topic id and is written again by
+        the next LeaderAndIsr, as Kafka flushes partition.metadata with the log."""
+        if self.topic_id == topic_id:
+            return
+        atomic_write_bytes(os.path.join(self._dir, PARTITION_METADATA_FILE),
+                           f"version: 0\ntopic_id: {topic_id}\n".encode(), durable=False)
+        self._topic_id = topic_id
 
     @staticmethod
     def _list_segments(dir: str) -> list[int]:

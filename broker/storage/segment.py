@@ -91,13 +91,15 @@ class LogSegment:
     keeps serving readers that still reference it."""
 
     def __init__(self, directory: str, base_offset: int, schema: pa.Schema, schema_size: int,
-                 index_interval_bytes: int, created_ms: int):
+                 index_interval_bytes: int, created_ms: int, lazy_indexes: bool = False):
         self.dir = directory
         self.base_offset = base_offset
         name = os.path.join(directory, segment_file_name(base_offset))
         self.path = name + DATA_SUFFIX
-        self.offset_index = OffsetIndex(name + INDEX_SUFFIX, base_offset)
-        self.time_index = TimeIndex(name + TIMEINDEX_SUFFIX, base_offset)
+        self.offset_index = OffsetIndex(name + INDEX_SUFFIX, base_offset, lazy_check=(
+            lambda: self.offset_index.sanity_check(self.schema_size, self.data_end)) if lazy_indexes else None)
+        self.time_index = TimeIndex(name + TIMEINDEX_SUFFIX, base_offset, lazy_check=(
+            lambda: self.time_index.sanity_check(self.next_offset)) if lazy_indexes else None)
         self.schema = schema
         self.schema_size = schema_size        # the schema message; batches start here
         self.size = schema_size               # committed bytes, end-of-stream marker included
@@ -133,6 +135,23 @@ class LogSegment:
         seg = cls(directory, base_offset, schema, 0, index_interval_bytes, created_ms)
         seg.size = os.path.getsize(seg.path)
         return seg
+
+    @classmethod
+    def from_state(cls, directory: str, schema: pa.Schema, state: list[int], index_interval_bytes: int,
+                   created_ms: int) -> "LogSegment":
+        """Bind to existing files described by `state()` as recorded at a clean shutdown:
+        nothing is read (the indexes load on first use)."""
+        base, size, next_offset, sealed, schema_size, since_entry = state
+        seg = cls(directory, base, schema, schema_size, index_interval_bytes, created_ms, lazy_indexes=True)
+        seg.size, seg.next_offset, seg.sealed = size, next_offset, bool(sealed)
+        seg._bytes_since_index_entry = since_entry
+        return seg
+
+    def state(self) -> list[int]:
+        """What `from_state` needs: [base offset, size, next offset, sealed, schema
+        message size, bytes since the last offset index entry]."""
+        return [self.base_offset, self.size, self.next_offset, int(self.sealed), self.schema_size,
+                self._bytes_since_index_entry]
 
     def read_file_schema(self) -> pa.Schema:
         """The schema message at the start of the data file; sets schema_size.

@@ -89,11 +89,80 @@ def test_schema_comes_from_disk_or_from_the_provider(tmp_path):
     fill(lm.get_or_create_log("t", 0, SCHEMA), 2)
     lm.close()
     seen = []
+    # After a clean shutdown the recorded state says it: the provider is not asked.
+    lm = manager([tmp_path], topic_schema=lambda topic: seen.append(topic) or SCHEMA)
+    assert seen == [] and lm.get_log("t", 0).schema.equals(SCHEMA)
+    lm.close()
+    os.unlink(tmp_path / CLEAN_SHUTDOWN_FILE)       # as after a crash: loaded from the files
     lm = manager([tmp_path], topic_schema=lambda topic: seen.append(topic) or SCHEMA)
     assert seen == ["t"] and lm.get_log("t", 0).schema.equals(SCHEMA)
     lm.close()
     lm = manager([tmp_path])
     assert lm.get_log("t", 0).schema.equals(SCHEMA)
+    lm.close()
+
+
+def _picture(log):
+    return (log.log_start_offset, log.log_end_offset, log.recovery_point,
+            [(s.base_offset, s.size, s.next_offset, s.sealed, s.offset_index.entries(), s.time_index.entries())
+             for s in log.segments()], log.leader_epoch_cache.entries(), log.topic_id, read_values(log))
+
+
+def test_clean_start_from_the_recorded_state_reads_no_partition_file(tmp_path):
+    lm = manager([tmp_path])
+    log = lm.get_or_create_log("t", 0, SCHEMA)
+    fill(log, 4, epoch=1)
+    fill(log, 5, epoch=3)
+    log.delete_records_before(7)
+    log.set_topic_id("id-1")
+    lm.get_or_create_log("t", 1, SCHEMA)           # empty
+    lm.close()
+    assert b'"t-0"' in (tmp_path / CLEAN_SHUTDOWN_FILE).read_bytes()
+    lm = manager([tmp_path])
+    log = lm.get_log("t", 0)
+    # Nothing of the partition was read: its indexes are still unloaded.
+    assert all(s.offset_index._entries_state is None for s in log.segments())
+    assert log.load_stats["trusted_segments"] == len(log.segments())
+    from_state = _picture(log)
+    assert from_state[-1] == [f"value-{o}".encode() for o in range(7, 45)] and from_state[-2] == "id-1"
+    assert [tuple(e) for e in from_state[-3]] == [(1, 7), (3, 20)]
+    fill(log, 2, epoch=3)                            # it appends and rolls on as before
+    assert read_values(log)[-1] == b"value-54" and lm.get_log("t", 1).log_end_offset == 0
+    lm.close()
+    lm = manager([tmp_path])
+    picture = _picture(lm.get_log("t", 0))
+    lm.close()
+    (tmp_path / CLEAN_SHUTDOWN_FILE).write_bytes(b"")   # an older broker's marker: loaded from the files
+    lm = manager([tmp_path])
+    assert _picture(lm.get_log("t", 0)) == picture      # which say the same
+    lm.close()
+
+
+def test_an_unusable_recorded_state_loads_the_logs_from_their_files(tmp_path):
+    lm = manager([tmp_path])
+    fill(lm.get_or_create_log("t", 0, SCHEMA), 4)
+    lm.close()
+    (tmp_path / CLEAN_SHUTDOWN_FILE).write_bytes(b'{"version": 1, "schemas": ["%%%"')   # torn, or an older broker's
+    lm = manager([tmp_path])
+    log = lm.get_log("t", 0)
+    assert log.load_stats["recovered_segments"] == 0 and log.segments()[0].offset_index._entries_state is not None
+    assert read_values(log)[-1] == b"value-19"
+    lm.close()
+
+
+def test_a_recorded_states_damaged_index_is_dropped_on_first_use(tmp_path):
+    lm = manager([tmp_path])
+    log = lm.get_or_create_log("t", 0, SCHEMA)
+    fill(log, 8)
+    lm.close()
+    first = log.segments()[0]
+    assert first.offset_index.entries()
+    with open(first.offset_index.path, "wb") as f:
+        f.write(b"\xff" * 16)                   # entries past the data
+    lm = manager([tmp_path])
+    log = lm.get_log("t", 0)
+    assert read_values(log) == [f"value-{o}".encode() for o in range(40)]
+    assert log.segments()[0].offset_index.entries() == [] and not os.path.exists(first.offset_index.path)
     lm.close()
 
 
