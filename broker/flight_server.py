@@ -2,12 +2,20 @@
 
 - ``DoGet(ticket)`` (ticket: :mod:`replikafka.protocol.flight_ticket`) streams a
   partition's committed records with Fetch's semantics: only below the HW (a start
-  in [HW, LEO] gives an empty stream), KIP-320 epoch fencing, errors as Flight
-  errors carrying our error code. Every batch is a stored batch decoded in place
+  in [HW, LEO] gives an empty stream, after waiting up to the ticket's
+  ``max_wait_ms`` for the HW to pass it: the long poll, woken by the HW's
+  advance), KIP-320 epoch fencing, errors as Flight errors carrying our error code. Every batch is a stored batch decoded in place
   from the segment mapping (its buffers are the mapped bytes; gRPC sends them
   without a copy), cut only where the ticket's range starts or ends mid-batch,
   projected by selecting the requested columns' buffers. Each batch's
   ``app_metadata`` is ``{"first_offset": N}``: the reader numbers rows from it.
+- ``DoPut(command)`` appends to one partition (:mod:`replikafka.protocol.flight_produce`):
+  the producer's batches as Arrow reads them off the stream (zero-copy views of
+  the received messages), fully validated, appended with their offsets, epoch and
+  CRC added (the body goes to disk as received; its CRC-32C must equal the
+  producer's), acks=all waiting for the HW as Produce does. One ``PutResult``
+  answers; a refusal is a Flight error carrying our error code. A stream holds at
+  most ``socket.request.max.bytes``.
 - ``GetFlightInfo(path=[topic])``: one endpoint per partition, at its leader's
   Flight listener, with a ticket for [log start, HW) in the leader's epoch.
 - ``ListFlights``: one FlightInfo per topic (no endpoints: ask GetFlightInfo).
@@ -35,7 +43,7 @@ from replikafka import errors as E
 from replikafka import records as R
 from replikafka.broker.flight_security import allowed, require
 from replikafka.broker.storage.log import clip_stored
-from replikafka.protocol import flight_ticket
+from replikafka.protocol import flight_produce, flight_ticket
 from replikafka.protocol.rpc_errors import to_flight_error
 
 log = logging.getLogger("replikafka.flight")
@@ -122,7 +130,7 @@ class BrokerFlightServer(fl.FlightServerBase):
                  wait_timeout_s: float, flight_location_of: Callable[[int], str | None],
                  partition_offsets: Callable[[str, list[tuple[int, int]]], dict], security=None,
                  tls_certificates=None, verify_client: bool = False, root_certificates=None,
-                 middleware: dict | None = None):
+                 middleware: dict | None = None, max_put_bytes: int = 100 << 20):
         super().__init__(location, tls_certificates=tls_certificates or [], verify_client=verify_client,
                          root_certificates=root_certificates, middleware=middleware)
         self.tls = bool(tls_certificates)
@@ -133,6 +141,7 @@ class BrokerFlightServer(fl.FlightServerBase):
         self.wait_timeout_s = wait_timeout_s
         self.flight_location_of = flight_location_of
         self.partition_offsets = partition_offsets
+        self.max_put_bytes = max_put_bytes
 
     # ------------------------------------------------------------ DoGet
     def do_get(self, context, ticket):
@@ -149,6 +158,12 @@ class BrokerFlightServer(fl.FlightServerBase):
                 return part.read_committed(offset, max_bytes, t.current_leader_epoch, end)[0]
             batches = stream_ticket(t, read)
             head = next(batches, None)    # the first read's errors fail the call itself
+            if head is None and t.max_wait_ms and (t.end_offset < 0 or t.end_offset > t.start_offset):
+                # The long poll: nothing committed at the start yet. Wait for the HW's
+                # advance (or a role change), then read once more.
+                part.wait_committed_past(t.start_offset, t.max_wait_ms / 1000)
+                batches = stream_ticket(t, read)
+                head = next(batches, None)
         except E.ReplikafkaError as exc:
             raise to_flight_error(exc) from None
         return fl.GeneratorStream(schema, self._send(head, batches))
@@ -168,6 +183,50 @@ class BrokerFlightServer(fl.FlightServerBase):
             raise to_flight_error(exc) from None
         finally:
             self.budget.release(held)
+
+    # ------------------------------------------------------------ DoPut
+    def do_put(self, context, descriptor, reader, writer):
+        try:
+            cmd = flight_produce.decode(descriptor)
+            require(context, self.security, "Write", cmd.topic)
+            batches = self._read_put(reader, cmd)
+            part, result = self.replica_manager.append_flight(cmd, batches)
+            answer = flight_produce.encode_result(result.first_offset, result.record_count, -1,
+                                                  part.log.log_start_offset)
+        except E.ReplikafkaError as exc:
+            raise to_flight_error(exc) from None
+        writer.write(pa.py_buffer(answer))
+
+    def _read_put(self, reader, cmd) -> list:
+        """The stream's batches: exactly one per CRC in the command, at most
+        ``max_put_bytes`` in all (refused as soon as the stream passes it)."""
+        where = f"flight produce to {cmd.topic}-{cmd.partition}"
+        batches = []
+        nbytes = 0
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                raise E.CorruptRecordError(f"{where}: the stream is not Arrow IPC: {exc}") from None
+            batch = chunk.data
+            if batch is None:
+                continue
+            nbytes += batch.nbytes
+            if nbytes > self.max_put_bytes:
+                raise E.InvalidRequestError(f"{where}: more than socket.request.max.bytes "
+                                            f"({self.max_put_bytes}) in one append")
+            if len(batches) == len(cmd.batch_crc32c):
+                raise E.InvalidRequestError(f"{where}: more batches than the {len(cmd.batch_crc32c)} "
+                                            f"CRC-32C values in the command")
+            if batch.num_rows == 0:
+                raise E.InvalidRequestError(f"{where}: batch {len(batches)} holds no records")
+            batches.append(batch)
+        if len(batches) != len(cmd.batch_crc32c):
+            raise E.InvalidRequestError(f"{where}: {len(batches)} batches for the {len(cmd.batch_crc32c)} "
+                                        f"CRC-32C values in the command")
+        return batches
 
     # ------------------------------------------------------------ discovery
     def _topic_of(self, descriptor) -> tuple[str, object]:

@@ -283,7 +283,7 @@ class BrokerServer:
                 max_bytes_in_flight=self.config.get("flight.max.bytes.in.flight"),
                 wait_timeout_s=self.config.get("request.timeout.ms") / 1000.0,
                 flight_location_of=self._flight_location, partition_offsets=self._partition_offsets,
-                security=self.security, **options)
+                security=self.security, max_put_bytes=self.config.get("socket.request.max.bytes"), **options)
         except Exception as exc:    # pyarrow raises a plain OSError/ArrowException for a port in use
             from replikafka.errors import InvalidConfigError
             raise InvalidConfigError(f"listeners: cannot serve Arrow Flight on {listener} ({exc})") from None

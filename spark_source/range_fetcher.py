@@ -43,7 +43,7 @@ from replikafka import errors as E
 from replikafka.client.connection import result_of
 from replikafka.client.flight_reader import FLIGHT_PROTOCOL
 from replikafka.protocol import replikafka_pb2 as pb
-from replikafka.protocol.flight_ticket import INT32_MAX, PartitionTicket
+from replikafka.protocol.flight_ticket import INT32_MAX, MAX_WAIT_MS, PartitionTicket
 from replikafka.protocol.rpc_errors import from_pb
 from replikafka.records import decode_untrusted
 from replikafka.spark.offsets_planning import DataLossError, OffsetRange, TopicPartition
@@ -87,7 +87,8 @@ class ClusterTransport:
             ticket = PartitionTicket(fp.topic, fp.partition, fp.fetch_offset,
                                      max_bytes=min(max(fp.partition_max_bytes, 1), INT32_MAX),
                                      current_leader_epoch=fp.current_leader_epoch,
-                                     columns=tuple(request.columns) or None)
+                                     columns=tuple(request.columns) or None,
+                                     max_wait_ms=min(max(request.max_wait_ms, 0), MAX_WAIT_MS))
             return _FlightCall(self.client.flight_io.submit(self.client.flight.read, flight, ticket, timeout_s),
                                ticket)
         return _GrpcCall(self.client.pool.call_async(target, "Fetch", request, timeout_s), target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from replikafka import errors as E
@@ -132,7 +133,9 @@ class Partition:
 
     # ------------------------------------------------------------ leader: produce
     def append_as_leader(self, batches, acks: int, min_insync: int, producer_id: int = -1,
-                         producer_epoch: int = -1, base_sequence: int = -1) -> ProduceResult:
+                         producer_epoch: int = -1, base_sequence: int = -1,
+                         body_crc32c=None) -> ProduceResult:
+        """``body_crc32c``: the producer's CRC-32C per batch body (a Flight append), checked by the log."""
         count = sum(b.num_rows for b in batches)
         with self.lock:
             st = self._require_leader()
@@ -144,7 +147,8 @@ class Partition:
             if isinstance(dup, Duplicate):
                 return ProduceResult(dup.first_offset, dup.last_offset, count, duplicate=True)
             info = self.log.append(batches, leader_epoch=self.leader_epoch, producer_id=producer_id,
-                                   producer_epoch=producer_epoch, base_sequence=base_sequence)
+                                   producer_epoch=producer_epoch, base_sequence=base_sequence,
+                                   body_crc32c=body_crc32c)
             self.producers.update(producer_id, producer_epoch, base_sequence, count, info.first_offset,
                                   self.clock.time_ms())
             st.maybe_advance_hw(self.log.log_end_offset)
@@ -194,6 +198,21 @@ class Partition:
         if offset >= hw:
             return None, hw, leo, lso
         return self.log.read_stored(offset, max_bytes, hw if end is None else min(end, hw)), hw, leo, lso
+
+    def wait_committed_past(self, offset: int, timeout_s: float) -> None:
+        """A reader's long poll (a Flight DoGet): return once the HW readers may see
+        passes ``offset``, this broker stops leading, or ``timeout_s`` passed. Woken
+        by ``cond``, which every HW move notifies: no polling."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while True:
+                st = self.leader_state
+                if self.role != LEADER or st is None or st.client_hw() > offset:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.cond.wait(left)
 
     def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, current_leader_epoch: int):
         """A follower's fetch: records its LEO (may move the HW), returns raw batches."""

@@ -295,33 +295,56 @@ class ReplicaManager:
     def _append_one(self, d: pb.PartitionProduceData, acks: int):
         R.validate_topic_name(d.topic)
         part = self._partition_or_error(d.topic, d.partition)
-        cfg = part.log.config
         # Each read of a protobuf bytes field is a copy: read it once. The request
         # may hold several batches; max.message.bytes limits each stored batch
         # (checked by the log as it encodes them), as in Kafka.
         records = d.records
         _schema, batches = R.decode_produced(
             records, d.records_crc32c if d.HasField("records_crc32c") else None, f"{d.topic}-{d.partition}")
+        batches = [b for b in batches if b.num_rows]
+        result, min_isr = self._append_batches(part, batches, acks, d.producer_id, d.producer_epoch,
+                                               d.base_sequence, len(records))
+        return part, result, min_isr
+
+    def append_flight(self, cmd, batches: list) -> tuple[Partition, "object"]:
+        """A Flight append (``DoPut``, :mod:`replikafka.protocol.flight_produce`): the
+        batches as Arrow read them from the stream (zero-copy), fully validated here;
+        the producer's per-batch body CRC-32C is checked by the log against the CRC it
+        stores. acks=all waits as Produce does. Returns (partition, ProduceResult)."""
+        R.validate_topic_name(cmd.topic)
+        part = self._partition_or_error(cmd.topic, cmd.partition)
+        R.validate_untrusted_batches(batches, f"{cmd.topic}-{cmd.partition}")
+        result, min_isr = self._append_batches(part, batches, cmd.acks, cmd.producer_id, cmd.producer_epoch,
+                                               cmd.base_sequence, sum(b.nbytes for b in batches),
+                                               cmd.batch_crc32c)
+        self.notify_data()
+        if cmd.acks == -1:
+            timeout_ms = cmd.timeout_ms if cmd.timeout_ms > 0 else self.config.get("request.timeout.ms")
+            part.wait_committed(result.last_offset + 1, self.clock.time_ms() + timeout_ms, min_isr)
+        return part, result
+
+    def _append_batches(self, part: Partition, batches: list, acks: int, producer_id: int, producer_epoch: int,
+                        base_sequence: int, nbytes: int, body_crc32c=None):
+        """The one leader append of both produce paths: schema check, idempotence,
+        the log append; a failed log dir goes offline. Returns (ProduceResult, min ISR)."""
+        cfg = part.log.config
         expected = part.log.schema
-        batches = [R.conform_batch(b, expected, d.topic) for b in batches if b.num_rows]
+        batches = [R.conform_batch(b, expected, part.topic) for b in batches]
         if not batches:
-            raise E.InvalidRequestError(f"{d.topic}-{d.partition}: produce request holds no records")
-        if cfg.message_timestamp_type == "LogAppendTime":
-            now = self.clock.time_ms()
-            i = expected.get_field_index("timestamp")
-            batches = [b.set_column(i, R.TIMESTAMP_FIELD, R.constant_timestamps(now, b.num_rows)) for b in batches]
+            raise E.InvalidRequestError(f"{part.topic}-{part.partition}: produce request holds no records")
         min_isr = cfg.min_insync_replicas
         # Producer ids start at 1: 0 is protobuf's "unset".
-        pid = d.producer_id if d.producer_id > 0 else -1
+        pid = producer_id if producer_id > 0 else -1
         try:
-            result = part.append_as_leader(batches, acks, min_isr, pid, d.producer_epoch if pid > 0 else -1,
-                                           d.base_sequence if pid > 0 else -1)
+            # LogAppendTime: the log stamps the timestamps (after checking body_crc32c).
+            result = part.append_as_leader(batches, acks, min_isr, pid, producer_epoch if pid > 0 else -1,
+                                           base_sequence if pid > 0 else -1, body_crc32c)
         except (E.StorageError, OSError) as exc:
             self.handle_storage_failure(part.tp, exc)
-            raise E.StorageError(f"{d.topic}-{d.partition}: its log dir on broker {self.broker_id} failed "
+            raise E.StorageError(f"{part.topic}-{part.partition}: its log dir on broker {self.broker_id} failed "
                                  f"({exc}); retry on the new leader") from None
-        self.stats.produced(d.topic, len(records), result.record_count)
-        return part, result, min_isr
+        self.stats.produced(part.topic, nbytes, result.record_count)
+        return result, min_isr
 
     # ------------------------------------------------------------ fetch
     def fetch(self, req: pb.FetchRequest, context_active=lambda: True, batches_out: list | None = None

@@ -526,6 +526,14 @@ def shared_encoder(schema: pa.Schema) -> BatchEncoder:
         return enc
 
 
+def body_crc32c(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> list[int]:
+    """The CRC-32C of each batch's body as the log would store it (``rk.crc32c``),
+    without copying the column data: what a producer sends with a Flight append
+    so the leader can check what it stores (``Log.append(body_crc32c=...)``)."""
+    header = BatchHeader(0, 0, -1)
+    return [m.body_crc() for m in shared_encoder(schema).encode([(b, header) for b in batches], seal=False)]
+
+
 def _drop_prefix(pieces: list, nbytes: int) -> list:
     """The pieces after the first `nbytes` bytes."""
     out = []

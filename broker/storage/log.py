@@ -149,6 +149,13 @@ class _View:
     log_end: int
 
 
+def _check_body_crcs(computed: Sequence[int], sent: Sequence[int]) -> None:
+    for i, (got, want) in enumerate(zip(computed, sent)):
+        if got != want:
+            raise CorruptRecordError(f"batch {i}: CRC-32C mismatch: the producer sent {want:08x}, its body "
+                                     f"as received hashes to {got:08x}")
+
+
 def validate_schema(schema: pa.Schema) -> None:
     """A log schema needs a `timestamp` column of timestamp[ms] and no dictionary
     types (a dictionary batch would break one-message-per-batch framing)."""
@@ -441,13 +448,28 @@ class Log:
 
     # ---- appending -----------------------------------------------------------
     def append(self, batches: Sequence[pa.RecordBatch], leader_epoch: int, producer_id: int = -1,
-               producer_epoch: int = -1, base_sequence: int = -1) -> AppendInfo:
+               producer_epoch: int = -1, base_sequence: int = -1,
+               body_crc32c: Sequence[int] | None = None) -> AppendInfo:
         """Leader append: assign offsets from the log end, stamp `leader_epoch`.
 
         Each non-empty input batch becomes one stored batch. All batches are
         encoded and size-checked before any byte is written, so a
-        RecordTooLargeError appends nothing.
+        RecordTooLargeError appends nothing. `body_crc32c` (a Flight append): the
+        producer's CRC-32C of each batch's IPC body; the CRC the log computes to
+        store the batch must equal it, else CorruptRecordError and nothing is
+        appended (no pass over the data beyond the log's own, except where
+        LogAppendTime replaces the timestamps: then the producer's bodies are
+        hashed first).
         """
+        if body_crc32c is not None:
+            if len(body_crc32c) != len(batches) or any(b.num_rows == 0 for b in batches):
+                raise InvalidRequestError(f"an append of {len(batches)} batches with {len(body_crc32c)} "
+                                          f"CRC-32C values (one per non-empty batch)")
+            if self._config.message_timestamp_type == "LogAppendTime":
+                unsealed = self._encoder.encode([(b, bf.BatchHeader(0, b.num_rows, leader_epoch))
+                                                 for b in batches], seal=False)
+                _check_body_crcs([m.body_crc() for m in unsealed], body_crc32c)
+                body_crc32c = None
         batches = self._prepare(batches)
         with self._lock:
             self._check_open()
@@ -462,6 +484,8 @@ class Log:
                 if sequence >= 0:
                     sequence = _next_sequence(sequence, batch.num_rows)
             messages = self._encoder.encode(items)
+            if body_crc32c is not None:
+                _check_body_crcs([m.header.crc32c for m in messages], body_crc32c)
             for m in messages:
                 if m.size > self._config.max_message_bytes:
                     raise RecordTooLargeError(

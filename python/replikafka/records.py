@@ -304,12 +304,18 @@ def decode_untrusted(data, where: str) -> tuple[pa.Schema, list[pa.RecordBatch]]
     if end != buf.size:
         raise CorruptRecordError(f"{where}: {buf.size - end} bytes follow the end of the Arrow IPC stream at "
                                  f"byte {end} (two streams in one entry?); send one stream per partition entry")
+    validate_untrusted_batches(batches, where)
+    return schema, batches
+
+
+def validate_untrusted_batches(batches, where: str) -> None:
+    """Arrow's full validation (buffer sizes, offsets, null counts, UTF-8) of batches
+    decoded from untrusted bytes; CorruptRecordError naming the first bad one."""
     for i, b in enumerate(batches):
         try:
             b.validate(full=True)
         except ARROW_DECODE_ERRORS as exc:
             raise CorruptRecordError(f"{where}: record batch {i} is not valid Arrow: {exc}") from None
-    return schema, batches
 
 
 def conform_batch(batch: pa.RecordBatch, expected: pa.Schema, topic: str) -> pa.RecordBatch:

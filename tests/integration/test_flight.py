@@ -16,6 +16,7 @@ import pytest
 
 import replikafka
 from replikafka import errors as E
+from replikafka import records as R
 from replikafka.client.connection import ConnectionPool, parse_bootstrap
 from replikafka.client.flight_reader import FlightReader
 from replikafka.client.metadata import ClusterMetadata
@@ -234,6 +235,95 @@ def test_bad_tickets_are_refused_naming_what_was_wrong_and_the_broker_keeps_serv
         client.get_flight_info(fl.FlightDescriptor.for_command(b"select 1"))
     assert client.do_get(fl.Ticket(ticket())).read_all().num_rows == n
     client.close()
+    cl.close()
+    admin.close()
+
+
+def test_flight_appends_check_the_producers_crcs_and_refuse_bad_input_storing_nothing(cluster3):
+    """DoPut (the producer's default path): a batch whose body does not hash to the
+    producer's CRC-32C, a command that does not parse, batches and CRCs that do not
+    pair up, and the wrong columns are each refused naming what was wrong; nothing of
+    them is stored, and the broker keeps serving."""
+    from replikafka.broker.storage.batch_format import body_crc32c
+    from replikafka.protocol.flight_produce import ProduceCommand
+    bs = cluster3.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("puts", partitions=1, replication_factor=3, schema=SCHEMA, config={"min.insync.replicas": "2"})
+    n = _produce(bs, "puts", 0, [10, 5])
+    cl = Cluster(bs)
+    _, where, _ = cl.leader("puts", 0)
+    client = fl.connect(f"grpc+tcp://{where}")
+    stored = R.stored_schema(R.parse_schema(SCHEMA))
+    good = R.to_record_batch(_batch(n, 4), R.parse_schema(SCHEMA))
+    crc = body_crc32c([good], stored)[0]
+
+    def put(command: bytes, batches, schema=stored) -> bytes:
+        writer, reader = client.do_put(fl.FlightDescriptor.for_command(command), schema)
+        try:
+            for b in batches:
+                writer.write_batch(b)
+            writer.done_writing()
+            return reader.read().to_pybytes()
+        finally:
+            writer.close()
+
+    def refused(command: bytes, batches, code: str, named: str, schema=stored) -> None:
+        with pytest.raises(fl.FlightError) as info:
+            put(command, batches, schema)
+        assert info.value.extra_info == code.encode(), info.value
+        assert named in str(info.value), str(info.value)
+
+    cmd = lambda crcs, **kw: ProduceCommand("puts", 0, -1, 10_000, tuple(crcs), **kw).encode()
+    refused(cmd([crc ^ 0x10]), [good], "CORRUPT_MESSAGE", "batch 0: CRC-32C mismatch")
+    refused(b'{"v":1,"topic":"puts"}', [good], "INVALID_REQUEST", "missing field(s)")
+    refused(b"\x00garbage", [good], "INVALID_REQUEST", "not UTF-8 JSON")
+    refused(cmd([crc, crc]), [good], "INVALID_REQUEST", "1 batches for the 2 CRC-32C values")
+    refused(cmd([crc]), [good, good], "INVALID_REQUEST", "more batches than the 1 CRC-32C values")
+    other = pa.record_batch([pa.array([b"x"])], names=["value"])
+    refused(cmd(body_crc32c([other], other.schema)), [other], "INVALID_RECORD", "column 'key' is missing",
+            schema=other.schema)
+    refused(ProduceCommand("nope", 0, 1, 1000, (crc,)).encode(), [good], "UNKNOWN_TOPIC_OR_PARTITION", "'nope'")
+    answer = json.loads(put(cmd([crc]), [good]))
+    assert (answer["base_offset"], answer["record_count"]) == (n, 4)    # nothing of the refused ones stored
+    got = _fetch_read(bs, "puts", 0, 0, n + 4)
+    assert got.column("value").to_pylist() == [b"value-%08d" % r + b"x" * (r % 50) for r in range(n + 4)]
+    client.close()
+    cl.close()
+    admin.close()
+
+
+def test_doget_long_poll_waits_for_the_hw_and_is_bounded_by_max_wait(cluster3):
+    """A DoGet at the HW with max_wait_ms answers with the records committed while it
+    waited (woken by the HW's advance, RF=3 acks=all: the followers' fetches move it),
+    and with an empty stream when nothing comes within max_wait_ms."""
+    bs = cluster3.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("poll", partitions=1, replication_factor=3, schema=SCHEMA, config={"min.insync.replicas": "2"})
+    n = _produce(bs, "poll", 0, [3])
+    cl = Cluster(bs)
+    _, where, epoch = cl.leader("poll", 0)
+    reader = FlightReader()
+    t = time.monotonic()
+    assert reader.read(where, PartitionTicket("poll", 0, n, max_bytes=1 << 20, max_wait_ms=400), 30).batches == []
+    assert time.monotonic() - t >= 0.35      # it waited (the bound is the ticket's, not an error)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(reader.read(
+        where, PartitionTicket("poll", 0, n, max_bytes=1 << 20, current_leader_epoch=epoch, max_wait_ms=30_000), 60)))
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive()                # held at the HW, not answered empty
+    _produce(bs, "poll", 0, [4])
+    waiter.join(30)
+    assert not waiter.is_alive() and got[0].first_offsets[0] == n and got[0].record_count == 4
+    # The consumer of one partition long-polls through Flight the same way.
+    c = replikafka.Consumer(bs, fetch_max_wait_ms=20_000)
+    c.assign([("poll", 0)])
+    c.seek(("poll", 0), n + 4)
+    threading.Timer(0.5, lambda: _produce(bs, "poll", 0, [2])).start()
+    table = c.poll(timeout_ms=20_000)
+    assert table.column("offset").to_pylist() == [n + 4, n + 5]
+    c.close()
+    reader.close()
     cl.close()
     admin.close()
 

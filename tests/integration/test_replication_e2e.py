@@ -558,8 +558,10 @@ def test_idempotent_retry_after_lost_ack_is_deduplicated_by_the_new_leader(proxi
     zk = ZkView(cluster)
     e0 = zk.state(topic).leader_epoch
     others = f"{cluster.address(b)},{cluster.address(c)}"
+    # gRPC Produce: the proxies stand on the gRPC listeners (the Flight append's dedupe is
+    # the same broker code, ReplicaManager._append_batches).
     producer = replikafka.Producer(others, acks="all", idempotent=True, linger_ms=0, request_timeout_ms=10_000,
-                                   delivery_timeout_ms=60_000, retry_backoff_ms=100)
+                                   delivery_timeout_ms=60_000, retry_backoff_ms=100, use_flight=False)
     try:
         first = [f"first-{i}".encode() for i in range(10)]
         lost = [f"lost-ack-{i}".encode() for i in range(10)]

@@ -96,7 +96,7 @@ class ProducerBatch:
     """Pieces (Arrow batches of one partition) sent together in one append."""
 
     __slots__ = ("tp", "pieces", "size", "rows", "created", "deadline", "attempts", "retry_at",
-                 "sequence", "generation", "producer_id", "producer_epoch", "sealed", "payload",
+                 "sequence", "generation", "producer_id", "producer_epoch", "sealed", "payload", "put",
                  "last_error", "done")
 
     def __init__(self, tp: TopicPartition, now: float, deadline: float):
@@ -114,8 +114,17 @@ class ProducerBatch:
         self.producer_epoch = -1
         self.sealed = False     # drained once: takes no more pieces
         self.payload: pa.Buffer | None = None  # the encoded IPC stream, reused on retries
+        self.put: tuple | None = None  # a Flight append's (batches, body CRC-32Cs), reused on retries
         self.last_error: E.ReplikafkaError | None = None
         self.done = False
+
+    def put_batches(self, concat_below: int) -> list[pa.RecordBatch]:
+        """The pieces as a Flight append sends them (one stored batch each): as they are
+        (no copy), or as one batch when the whole is under ``concat_below`` bytes (many
+        small sends make one stored batch, as readers prefer)."""
+        if len(self.pieces) > 1 and self.size < concat_below:
+            return [self.record_batch()]
+        return [p[0] for p in self.pieces]
 
     def record_batch(self) -> pa.RecordBatch:
         """All pieces as one RecordBatch (one copy when there are several)."""
@@ -369,6 +378,7 @@ class Accumulator:
             self.incomplete.discard(b)
             b.pieces = []
             b.payload = None
+            b.put = None
 
     @staticmethod
     def _earlier_unacked(st: _PartitionState, b: ProducerBatch) -> bool:

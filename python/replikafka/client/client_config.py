@@ -75,6 +75,7 @@ PRODUCER_KEYS: dict[str, tuple[str, Converter]] = {
     "buffer.memory": ("buffer_memory", _int),
     "max.block.ms": ("max_block_ms", _int),
     "max.request.size": ("max_request_size", _int),
+    "produce.use.flight": ("use_flight", _bool),
 }
 CONSUMER_KEYS: dict[str, tuple[str, Converter]] = {
     **_COMMON,

@@ -3,10 +3,12 @@
 Reading: by default each :meth:`Consumer.poll` reads every assigned partition
 from its leader's Arrow Flight listener (one ``DoGet`` per partition, the stored
 batches as stored, at most ``max_partition_fetch_bytes`` each and
-``fetch_max_bytes`` in all: what the consumer holds at once). When that brings
-nothing (every position at its high watermark), it long-polls with one ``Fetch``
-RPC per leader broker (``fetch_max_wait_ms``), so new records arrive without
-delay. Leaders without a Flight listener are read with ``Fetch`` throughout.
+``fetch_max_bytes`` in all: what the consumer holds at once). A consumer of one
+partition long-polls with its DoGet (the ticket's ``max_wait_ms``: the leader
+answers as soon as the HW passes the position). With several partitions, when
+the DoGets bring nothing (every position at its high watermark), it long-polls
+with one ``Fetch`` RPC per leader broker (``fetch_max_wait_ms``), so new records
+arrive without delay. Leaders without a Flight listener are read with ``Fetch`` throughout.
 
 Threading: a :class:`Consumer` is meant for one thread at a time (like
 Kafka's); concurrent reads (several leaders or partitions) run on a small pool
@@ -29,7 +31,7 @@ from replikafka.client.flight_reader import FLIGHT_PROTOCOL, FlightRead, FlightR
 from replikafka.client.metadata import ClusterMetadata
 from replikafka.client.offsets import EARLIEST, LATEST, TopicPartition, ensure_partitions, group_by_leader, list_offsets
 from replikafka.protocol import replikafka_pb2 as pb
-from replikafka.protocol.flight_ticket import PartitionTicket
+from replikafka.protocol.flight_ticket import MAX_WAIT_MS, PartitionTicket
 from replikafka.protocol.rpc_errors import from_pb
 from replikafka.records import RESERVED_NAMES, TIMESTAMP_TYPE, decode_untrusted
 
@@ -260,9 +262,15 @@ class Consumer:
         while True:
             self._resolve_positions(max(deadline, time.monotonic() + self._request_timeout_ms / 1000))
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            tables, trouble = self._flight_round() if self._flight is not None else ([], False)
-            if not tables and not trouble:   # all at their HW (or no Flight): long-poll with Fetch
-                tables, trouble = self._fetch_round(max(min(self._max_wait_ms, remaining_ms), 0))
+            wait_ms = max(min(self._max_wait_ms, remaining_ms), 0)
+            # One partition: its DoGet is the long poll (the leader answers when the HW
+            # passes the position). Several: a DoGet each without waiting, then, if all
+            # are at their HW, one Fetch per leader long-polls them together.
+            long_poll = len(self._positions) == 1
+            tables, trouble, asked = self._flight_round(wait_ms if long_poll else 0) \
+                if self._flight is not None else ([], False, 0)
+            if not tables and not trouble and not (long_poll and asked):
+                tables, trouble = self._fetch_round(wait_ms)
             if tables:
                 return self._combine(tables)
             remaining = deadline - time.monotonic()
@@ -327,10 +335,12 @@ class Consumer:
             return None
         return tuple(dict.fromkeys([c for c in self._columns if c not in RESERVED_NAMES] + ["timestamp"]))
 
-    def _flight_round(self) -> tuple[list[pa.Table], bool]:
+    def _flight_round(self, max_wait_ms: int) -> tuple[list[pa.Table], bool, int]:
         """One DoGet per partition whose leader serves Flight, concurrently, each for at
-        most ``max_partition_fetch_bytes`` (and ``fetch_max_bytes`` over all). Returns
-        the tables and whether something needs a retry (metadata refreshed if so)."""
+        most ``max_partition_fetch_bytes`` (and ``fetch_max_bytes`` over all), each
+        waiting up to ``max_wait_ms`` for records (the ticket's long poll). Returns
+        the tables, whether something needs a retry (metadata refreshed if so), and
+        how many partitions were asked."""
         version = self._metadata.version
         calls = []
         budget = self._fetch_max_bytes
@@ -346,10 +356,11 @@ class Consumer:
             budget -= want
             calls.append((tp, pos, address, PartitionTicket(tp[0], tp[1], pos, max_bytes=want,
                                                             current_leader_epoch=info.leader_epoch,
-                                                            columns=self._flight_columns(tp[0]))))
+                                                            columns=self._flight_columns(tp[0]),
+                                                            max_wait_ms=min(max_wait_ms, MAX_WAIT_MS))))
         if not calls:
-            return [], False
-        timeout_s = self._request_timeout_ms / 1000
+            return [], False, 0
+        timeout_s = (self._request_timeout_ms + max_wait_ms) / 1000
 
         def one(call):
             try:
@@ -385,7 +396,7 @@ class Consumer:
                     self._highwater[tp] = max(self._highwater.get(tp, -1), nxt)
         if trouble:
             self._refresh_after_trouble(version)
-        return tables, trouble
+        return tables, trouble, len(calls)
 
     def _refresh_after_trouble(self, version: int) -> None:
         try:

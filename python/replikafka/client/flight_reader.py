@@ -93,6 +93,17 @@ class FlightReader:
         until = self._unreachable.get(address)
         return until is None or time.monotonic() >= until
 
+    def mark_unreachable(self, address: str) -> None:
+        """``address`` could not be reached: use gRPC for it for a while."""
+        self._unreachable[address] = time.monotonic() + UNREACHABLE_PAUSE_S
+
+    def call_options(self, timeout_s: float) -> fl.FlightCallOptions:
+        return fl.FlightCallOptions(timeout=timeout_s, headers=self._headers)
+
+    def client(self, address: str) -> fl.FlightClient:
+        """The Flight client of ``address`` ("host:port"), created once (the producer appends with it too)."""
+        return self._client(address)
+
     def _client(self, address: str) -> fl.FlightClient:
         with self._lock:
             c = self._clients.get(address)
@@ -102,7 +113,7 @@ class FlightReader:
 
     def read(self, address: str, ticket: PartitionTicket, timeout_s: float) -> FlightRead:
         """DoGet ``ticket`` at the Flight listener ``address`` ("host:port")."""
-        options = fl.FlightCallOptions(timeout=timeout_s, headers=self._headers)
+        options = self.call_options(timeout_s)
         batches, firsts = [], []
         nbytes = 0
         expect = None
@@ -131,7 +142,7 @@ class FlightReader:
         else:
             return FlightRead(batches, firsts, nbytes)
         if isinstance(err, E.BrokerNotAvailableError):
-            self._unreachable[address] = time.monotonic() + UNREACHABLE_PAUSE_S
+            self.mark_unreachable(address)
         raise err
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from concurrent.futures import wait as wait_futures
 from typing import Any, Iterable
 
 import pyarrow as pa
+import pyarrow.flight as fl
 
 from replikafka import errors as E
 from replikafka.client.accumulator import (Accumulator, Action, ProducerBatch, RecordMetadata, SendHandle,
@@ -27,10 +28,14 @@ from replikafka.client.accumulator import (Accumulator, Action, ProducerBatch, R
 from replikafka.client.client_config import PRODUCER_KEYS, accepts_config_dict
 from replikafka.client.connection import ConnectionPool, error_of, parse_bootstrap
 from replikafka.client.delivery_outcomes import DeliveryOutcomes
+from replikafka.client.flight_reader import FLIGHT_PROTOCOL, FlightReader, flight_keeps_identity
 from replikafka.client.metadata import METADATA_ATTEMPT_S, ClusterMetadata, TopicInfo
 from replikafka.client.partitioner import partition_for_key
 from replikafka.protocol import replikafka_pb2 as pb
-from replikafka.protocol.rpc_errors import from_pb
+from replikafka.broker.storage.batch_format import body_crc32c
+from replikafka.protocol import flight_produce
+from replikafka.protocol.flight_produce import ProduceCommand
+from replikafka.protocol.rpc_errors import from_flight_error, from_pb, to_pb
 from replikafka.protocol.produce_wire import PRODUCE_PATH, encode_produce_request
 from replikafka.records import encode_stream, records_crc32c, to_record_batch
 
@@ -39,6 +44,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 # change the size a little (e.g. a validity bitmap appears), so keep room.
 _IPC_SLACK = 0.01
 _DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE_NUMBER"
+#: A Flight append joins its pieces into one stored batch below this size (many small
+#: sends, one batch for readers); bigger ones go as they are, without a copy.
+_CONCAT_BELOW_BYTES = 1 << 20
 # Errors after which the partition's leader may have moved.
 _REFRESH_ON = (E.NotLeaderOrFollowerError, E.LeaderNotAvailableError, E.FencedLeaderEpochError,
                E.UnknownLeaderEpochError, E.UnknownTopicOrPartitionError, E.BrokerNotAvailableError,
@@ -112,6 +120,10 @@ class Producer:
     at most one append in flight (gRPC does not order concurrent calls).
     ``max_request_size`` caps one partition's append in bytes (default: the
     topic's ``max.message.bytes``, else 1 MiB); bigger sends are split.
+    ``use_flight`` (``produce.use.flight``): append through the leaders' Arrow Flight
+    listeners (``DoPut``: the batches go as Arrow, no request built), gRPC
+    ``Produce`` for leaders without one (or with SSL, where Flight cannot see the
+    client's certificate).
     ``security``: librdkafka's keys (``security.protocol``, ``ssl.*``, ``sasl.*``),
     also accepted in the config dict; see the README's "Securing a cluster".
     """
@@ -122,7 +134,7 @@ class Producer:
                  request_timeout_ms: int = 30_000, max_in_flight: int = 5, retry_backoff_ms: int = 100,
                  buffer_memory: int = 64 * 1024 * 1024, max_block_ms: int = 60_000,
                  max_request_size: int | None = None,
-                 security: Any = None):
+                 security: Any = None, use_flight: bool = True):
         self._acks = parse_acks(acks)
         for name, v in (("batch_size", batch_size), ("max_in_flight", max_in_flight),
                         ("buffer_memory", buffer_memory), ("request_timeout_ms", request_timeout_ms),
@@ -140,6 +152,8 @@ class Producer:
         self._max_block_s = max_block_ms / 1000
         self._max_request_size = max_request_size
         self._pool = ConnectionPool(security=security)
+        self._flight = FlightReader(security=self._pool.security) \
+            if use_flight and flight_keeps_identity(self._pool.security) else None
         self._metadata = ClusterMetadata(self._pool, self._bootstrap, request_timeout_ms=request_timeout_ms,
                                          retry_backoff_ms=retry_backoff_ms)
         self._acc = Accumulator(batch_size=batch_size, linger_s=linger_ms / 1000, max_in_flight=max_in_flight,
@@ -263,6 +277,8 @@ class Producer:
                 self._cv.notify_all()
             self._sender.join()
         self._io.shutdown(wait=False)
+        if self._flight is not None:
+            self._flight.close()
         self._pool.close()
         self._outcomes.raise_unobserved("close")
 
@@ -455,9 +471,104 @@ class Producer:
             call.set_exception(E.ReplikafkaError(f"could not send to {target}: {exc}"))
         call.add_done_callback(lambda f: self._on_response(target, batches, f))
 
+    def _flight_address(self, target: str) -> str | None:
+        """The Flight listener of the broker at gRPC ``target``, if it has one we may use."""
+        if self._flight is None:
+            return None
+        for broker in self._metadata.brokers():
+            if broker.target == target:
+                address = broker.listener(FLIGHT_PROTOCOL)
+                return address if address is not None and self._flight.available(address) else None
+        return None
+
     def _produce(self, target: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
-        """I/O thread: encode each batch once (one IPC stream per partition;
-        kept for retries) and make the blocking Produce call."""
+        """I/O thread: append the batches through the leader's Flight listener (one
+        ``DoPut`` per partition batch, all started before any answer is read), or
+        with one gRPC Produce call where it has none."""
+        address = self._flight_address(target)
+        if address is not None:
+            return self._produce_flight(address, batches)
+        return self._produce_grpc(target, batches)
+
+    def _produce_flight(self, address: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
+        """One DoPut per batch (:mod:`replikafka.protocol.flight_produce`): the pieces go
+        as Arrow batches (no IPC stream built here, no copy into a request), each with
+        its body CRC-32C (computed once, kept for retries). Different partitions' appends
+        run at once (each DoPut is its own stream); a partition's batches go one after
+        the other, in request order, and after one fails the ones behind it are not sent
+        (as the gRPC path's broker does). The answers become a ``ProduceResponse`` in
+        request order, as the gRPC path's."""
+        options = self._flight.call_options(self._request_timeout_ms / 1000 + 2.0)
+        try:
+            client = self._flight.client(address)
+        except (fl.FlightError, pa.ArrowException, OSError) as exc:
+            self._flight.mark_unreachable(address)
+            raise E.BrokerNotAvailableError(f"could not open a Flight client to {address}: {exc}") from None
+        out = pb.ProduceResponse()
+        entries = [out.partitions.add(topic=b.tp[0], partition=b.tp[1], log_append_time_ms=-1) for b in batches]
+        waves: list[list[int]] = []      # wave k: the k-th batch of each partition
+        seen: dict = {}
+        for i, b in enumerate(batches):
+            k = seen[b.tp] = seen.get(b.tp, -1) + 1
+            if k == len(waves):
+                waves.append([])
+            waves[k].append(i)
+        failed: dict = {}
+        for wave in waves:
+            calls = []
+            for i in wave:
+                b = batches[i]
+                if b.tp in failed:
+                    entries[i].error.CopyFrom(failed[b.tp])
+                    continue
+                calls.append((i, self._start_put(client, options, b)))
+            for i, call in calls:
+                r = entries[i]
+                try:
+                    if isinstance(call, Exception):
+                        raise call
+                    writer, reader = call
+                    try:
+                        answer = flight_produce.decode_result(reader.read())
+                    finally:
+                        writer.close()
+                    r.base_offset, r.record_count = answer["base_offset"], answer["record_count"]
+                    r.log_start_offset = answer["log_start_offset"]
+                    r.log_append_time_ms = answer["log_append_time_ms"]
+                    continue
+                except (fl.FlightError, pa.ArrowException, OSError) as exc:
+                    err = from_flight_error(exc, address)
+                    if isinstance(err, E.BrokerNotAvailableError):
+                        self._flight.mark_unreachable(address)  # the retry goes through gRPC
+                except E.ReplikafkaError as exc:
+                    err = exc
+                r.error.CopyFrom(to_pb(err))
+                failed[batches[i].tp] = r.error
+        return out
+
+    def _start_put(self, client: fl.FlightClient, options, b: ProducerBatch):
+        """Start the DoPut of ``b`` and write its batches: (writer, reader), or the error."""
+        try:
+            if b.put is None:
+                rbs = b.put_batches(_CONCAT_BELOW_BYTES)
+                b.put = (rbs, body_crc32c(rbs, rbs[0].schema))
+            rbs, crcs = b.put
+            ids = (b.producer_id, b.producer_epoch, b.sequence) if self._idempotent else (-1, -1, -1)
+            cmd = ProduceCommand(b.tp[0], b.tp[1], self._acks, self._request_timeout_ms, tuple(crcs), *ids)
+            writer, reader = client.do_put(fl.FlightDescriptor.for_command(cmd.encode()), rbs[0].schema, options)
+        except (fl.FlightError, pa.ArrowException, OSError, E.ReplikafkaError) as exc:
+            return exc
+        try:
+            for rb in rbs:
+                writer.write_batch(rb)
+            writer.done_writing()
+        except (fl.FlightError, pa.ArrowException, OSError):
+            pass    # the leader refused early: its answer (the error) is read next
+        return writer, reader
+
+    def _produce_grpc(self, target: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
+        """Encode each batch once (one IPC stream per partition; kept for retries) and
+        make the blocking Produce call."""
         entries = []
         for b in batches:
             if b.payload is None:

@@ -15,6 +15,10 @@ one by hand::
   ``fetch.max.bytes`` it is an int32.
 - ``current_leader_epoch``: the caller's leader epoch for KIP-320 fencing, -1 to skip.
 - ``columns``: top-level columns to return (projection), absent for all.
+- ``max_wait_ms``: the long poll (Fetch's ``max_wait_ms``): when nothing at
+  ``start_offset`` is committed yet, wait up to this long for the HW to pass it
+  (woken by the HW's advance, not by polling); 0 (or absent) answers at once. At
+  most :data:`MAX_WAIT_MS`.
 
 Decoding is strict: unknown or missing keys, wrong types (a bool is not an
 integer) and out-of-range values raise :class:`InvalidRequestError` naming the
@@ -34,7 +38,9 @@ INT64_MAX = 2**63 - 1
 MAX_TICKET_BYTES = 1 << 20
 MAX_COLUMNS = 10_000
 _REQUIRED = ("v", "topic", "partition", "start_offset")
-_OPTIONAL = ("end_offset", "max_bytes", "current_leader_epoch", "columns")
+_OPTIONAL = ("end_offset", "max_bytes", "current_leader_epoch", "columns", "max_wait_ms")
+#: The longest long poll a ticket may ask for (as Fetch caps max_wait_ms).
+MAX_WAIT_MS = 30_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,7 @@ class PartitionTicket:
     max_bytes: int = 0              # 0: none
     current_leader_epoch: int = -1  # -1: no fencing
     columns: tuple[str, ...] | None = None
+    max_wait_ms: int = 0            # long poll: 0 answers at once
 
     def __post_init__(self):
         _check(self)
@@ -60,19 +67,21 @@ class PartitionTicket:
             d["current_leader_epoch"] = self.current_leader_epoch
         if self.columns is not None:
             d["columns"] = list(self.columns)
+        if self.max_wait_ms:
+            d["max_wait_ms"] = self.max_wait_ms
         return json.dumps(d, separators=(",", ":")).encode()
 
 
-def _bad(field: str, what: str, value) -> E.InvalidRequestError:
+def _bad(field: str, what: str, value, where: str = "flight ticket") -> E.InvalidRequestError:
     shown = repr(value)
     if len(shown) > 80:
         shown = shown[:77] + "..."
-    return E.InvalidRequestError(f"flight ticket: {field!r} must be {what}, got {shown}")
+    return E.InvalidRequestError(f"{where}: {field!r} must be {what}, got {shown}")
 
 
-def _int(field: str, value, lo: int, hi: int) -> int:
+def _int(field: str, value, lo: int, hi: int, where: str = "flight ticket") -> int:
     if type(value) is not int or not lo <= value <= hi:
-        raise _bad(field, f"an integer in [{lo}, {hi}]", value)
+        raise _bad(field, f"an integer in [{lo}, {hi}]", value, where)
     return value
 
 
@@ -89,6 +98,7 @@ def _check(t: PartitionTicket) -> None:
         _int("end_offset", t.end_offset, t.start_offset, INT64_MAX)
     _int("max_bytes", t.max_bytes, 0, INT32_MAX)
     _int("current_leader_epoch", t.current_leader_epoch, -1, INT32_MAX)
+    _int("max_wait_ms", t.max_wait_ms, 0, MAX_WAIT_MS)
     if t.end_offset == -1 and t.max_bytes == 0:
         raise E.InvalidRequestError("flight ticket: needs an 'end_offset' or a 'max_bytes' to bound the read")
     if t.columns is not None:
@@ -128,4 +138,4 @@ def decode(data) -> PartitionTicket:
         raise _bad("columns", "a list of column names", cols)
     return PartitionTicket(d["topic"], d["partition"], d["start_offset"], d.get("end_offset", -1),
                            d.get("max_bytes", 0), d.get("current_leader_epoch", -1),
-                           tuple(cols) if cols is not None else None)
+                           tuple(cols) if cols is not None else None, d.get("max_wait_ms", 0))

@@ -25,6 +25,14 @@ def test_round_trip_defaults_and_pyarrow_ticket():
     assert decode(PartitionTicket("t", 0, 5, max_bytes=1).encode()).end_offset == -1
 
 
+def test_max_wait_ms_round_trip_and_bound():
+    from replikafka.protocol.flight_ticket import MAX_WAIT_MS
+    t = PartitionTicket("t", 0, 4, max_bytes=10, max_wait_ms=250)
+    assert decode(t.encode()) == t and json.loads(t.encode())["max_wait_ms"] == 250
+    with pytest.raises(InvalidRequestError, match="'max_wait_ms' must be an integer in \\[0, 30000\\]"):
+        decode(_raw(max_wait_ms=MAX_WAIT_MS + 1))
+
+
 def _raw(**over):
     d = {"v": 1, "topic": "t", "partition": 0, "start_offset": 0, "end_offset": 10}
     d.update(over)

@@ -137,6 +137,26 @@ def test_log_append_time_replaces_timestamps(tmp_path):
     assert stamps == [T0 + 10**6] * 3
 
 
+@pytest.mark.parametrize("timestamp_type", ["CreateTime", "LogAppendTime"])
+def test_append_checks_the_producers_body_crcs_and_appends_nothing_on_a_mismatch(tmp_path, timestamp_type):
+    """A Flight append carries the producer's CRC-32C of each batch body: the log stores
+    a batch only if the body it writes hashes to it (LogAppendTime: the body received)."""
+    log = open_log(tmp_path / "t-0", LogConfig(segment_bytes=4096, message_timestamp_type=timestamp_type))
+    fill(log, 1)
+    batches = [make_batch(5, 3), make_batch(8, 2)]
+    crcs = bf.body_crc32c(batches, SCHEMA)
+    bad = [crcs[0], crcs[1] ^ 1]
+    with pytest.raises(CorruptRecordError, match="batch 1: CRC-32C mismatch"):
+        log.append(batches, 0, body_crc32c=bad)
+    with pytest.raises(InvalidRequestError, match="one per non-empty batch"):
+        log.append(batches, 0, body_crc32c=crcs[:1])
+    assert log.log_end_offset == 5
+    info = log.append(batches, 0, body_crc32c=crcs)
+    assert (info.first_offset, info.record_count) == (5, 5) and read_values(log) == values(0, 10)
+    if timestamp_type == "CreateTime":    # the stored CRC is the producer's: the body went as sent
+        assert [h.crc32c for h in log.batch_headers(5)] == crcs
+
+
 def test_epoch_cache_follows_appends(tmp_path):
     log = open_log(tmp_path / "t-0")
     fill(log, 2, epoch=1)
