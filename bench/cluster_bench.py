@@ -257,9 +257,11 @@ def validation_rows(batches) -> list[dict]:
                                      "ratio = median of per-round ratios",
              value=statistics.median(cpu["validated"]), unit="s", baseline=statistics.median(cpu["trusted"]),
              ratio=statistics.median(cpu_ratios)),
-        dict(bench="cluster", metric="leader's validation alone (decode_produced vs decode_stream), MB/s",
-             value=mb / alone["validated"], unit="MB/s", baseline=mb / alone["trusted"],
-             ratio=alone["trusted"] / alone["validated"]),
+        dict(bench="cluster", metric="leader's validation alone, in this process (decode_produced: CRC-32C + "
+                                     "full Arrow validation)", value=mb / alone["validated"], unit="MB/s"),
+        dict(bench="cluster", metric="  the same: its CPU for one round's payloads, as a share of the broker's CPU "
+                                     "per trusted round", value=alone["validated"] / statistics.median(cpu["trusted"]),
+             unit="fraction"),
     ]
 
 
