@@ -3,15 +3,17 @@
 each as a ratio of the storage engine's own append / read of the same batches
 measured in the same run (what a broker could do with zero RPC cost).
 
-The leader's validation of produced records (the payload's CRC-32C against the
-producer's, one Arrow IPC stream, Arrow's full validation of every batch) is
-measured against the same broker skipping it: `bench/trusting_broker.py` skips it
-for topics named ``trusted-*`` only, so both sides run on one broker process in
-interleaved rounds (validated, trusted, trusted, validated, ...); the row's ratio
-is the median of the per-round ratios, with their spread. A produce with a wrong
-CRC is sent to both topics first, to show the one refuses it and the other
-really skips the check. The same validation is also timed alone, in this
-process, on the same payloads (no RPC noise).
+The leader's validation of produced records is measured against the same broker
+skipping it: `bench/trusting_broker.py` skips it for topics named ``trusted-*``
+only, so both sides run on one broker process in interleaved rounds (validated,
+trusted, trusted, validated, ...), through both of the producer's paths: Flight
+DoPut (its default: Arrow's full validation; the CRC-32C the log computes to
+store the batch must equal the producer's, which costs a comparison) and gRPC
+Produce (the payload's CRC-32C, one IPC stream, Arrow's full validation). A row's
+ratio is the median of the per-round ratios, with their spread. A gRPC produce
+with a wrong CRC is sent to both topics first, to show the one refuses it and the
+other really skips the check. The gRPC path's validation is also timed alone, in
+this process, on the same payloads (no RPC noise).
 
 The consumer reads through the broker's Arrow Flight listener (its default); the
 same read is also timed against plain ``pyarrow.flight`` serving the same
@@ -40,9 +42,9 @@ ROUNDS = 2
 VALIDATION_ROUNDS = 6     # interleaved rounds of the validation row (each produces RECORDS twice)
 
 
-def _produce(bs: str, topic: str, batches, security: dict | None = None) -> float:
+def _produce(bs: str, topic: str, batches, security: dict | None = None, use_flight: bool = True) -> float:
     with replikafka.Producer(bs, acks=1, idempotent=True, linger_ms=0, batch_size=32 << 20,
-                             max_in_flight=5, security=security) as p:
+                             max_in_flight=5, security=security, use_flight=use_flight) as p:
         p.send(topic, batches[0].slice(0, 1), partition=0).result(timeout=60)  # warm: connections, imports
         t = time.perf_counter()
         futs = [p.send(topic, b, partition=0) for b in batches]
@@ -192,8 +194,9 @@ def validation_rows(batches) -> list[dict]:
                            overrides={"message.max.bytes": str(64 << 20)})
     cluster.broker_commands[1] = [sys.executable, os.path.join(os.path.dirname(__file__), "trusting_broker.py")]
     kinds = ("validated", "trusted")     # topic name prefixes: the broker trusts "trusted-*"
-    took: dict[str, list[float]] = {k: [] for k in kinds}
-    cpu: dict[str, list[float]] = {k: [] for k in kinds}     # the broker's CPU seconds per round
+    paths = {"Flight DoPut": True, "gRPC Produce": False}   # the producer's two paths (use_flight)
+    took: dict[tuple[str, str], list[float]] = {(k, p): [] for k in kinds for p in paths}
+    cpu: dict[tuple[str, str], list[float]] = {key: [] for key in took}   # the broker's CPU seconds per round
     try:
         cluster.start()
         admin = replikafka.Admin(cluster.bootstrap_servers)
@@ -220,18 +223,18 @@ def validation_rows(batches) -> list[dict]:
             raise AssertionError(f"a produce with a wrong CRC-32C: {refused} (the trusted topic must store it, "
                                  f"the validated one refuse it with CORRUPT_MESSAGE)")
         for r in range(VALIDATION_ROUNDS):
-            for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-                topic = f"{kind}-{r}"
-                admin.create_topic(topic, schema="value BINARY", config=cfg)
-                before = process_cpu_s(cluster.procs[1].pid)
-                took[kind].append(_produce(cluster.bootstrap_servers, topic, batches))
-                cpu[kind].append(process_cpu_s(cluster.procs[1].pid) - before)
+            for path, use_flight in paths.items():
+                for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                    topic = f"{kind}-{r}-{'flight' if use_flight else 'grpc'}"
+                    admin.create_topic(topic, schema="value BINARY", config=cfg)
+                    before = process_cpu_s(cluster.procs[1].pid)
+                    took[kind, path].append(_produce(cluster.bootstrap_servers, topic, batches,
+                                                     use_flight=use_flight))
+                    cpu[kind, path].append(process_cpu_s(cluster.procs[1].pid) - before)
         admin.close()
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
-    ratios = [t / v for v, t in zip(took["validated"], took["trusted"])]
-    cpu_ratios = [t / v for v, t in zip(cpu["validated"], cpu["trusted"])]
     payloads = [R.encode_stream(b.schema, [b]).to_pybytes() for b in batches]
     crcs = [R.records_crc32c(p) for p in payloads]
     alone = {"validated": float("inf"), "trusted": float("inf")}
@@ -245,23 +248,26 @@ def validation_rows(batches) -> list[dict]:
             R.decode_stream(p)
         alone["trusted"] = min(alone["trusted"], time.perf_counter() - t)
     mb = sum(len(p) for p in payloads) / 1e6
-    median = statistics.median(ratios)
-    return [
-        dict(bench="cluster", metric=f"produce acks=1, leader validates (CRC-32C + full Arrow) vs skips it: "
-                                     f"records/s, ratio = median of {len(ratios)} interleaved rounds",
-             value=n / statistics.median(took["validated"]), unit="records/s",
-             baseline=n / statistics.median(took["trusted"]), ratio=median),
-        dict(bench="cluster", metric="  the same: lowest per-round ratio", value=min(ratios), unit="ratio"),
-        dict(bench="cluster", metric="  the same: highest per-round ratio", value=max(ratios), unit="ratio"),
-        dict(bench="cluster", metric="  the same: broker CPU s per round (less sensitive to a busy machine), "
-                                     "ratio = median of per-round ratios",
-             value=statistics.median(cpu["validated"]), unit="s", baseline=statistics.median(cpu["trusted"]),
-             ratio=statistics.median(cpu_ratios)),
+    rows = []
+    for path in paths:
+        ratios = [t / v for v, t in zip(took["validated", path], took["trusted", path])]
+        cpu_ratios = [t / v for v, t in zip(cpu["validated", path], cpu["trusted", path])]
+        rows += [
+            dict(bench="cluster", metric=f"produce acks=1 ({path}), leader validates vs skips it: records/s, "
+                                         f"ratio = median of {len(ratios)} interleaved rounds (lowest-highest "
+                                         f"{min(ratios):.2f}-{max(ratios):.2f})",
+                 value=n / statistics.median(took["validated", path]), unit="records/s",
+                 baseline=n / statistics.median(took["trusted", path]), ratio=statistics.median(ratios)),
+            dict(bench="cluster", metric=f"  the same: broker CPU s per round (lowest-highest {min(cpu_ratios):.2f}-"
+                                         f"{max(cpu_ratios):.2f})",
+                 value=statistics.median(cpu["validated", path]), unit="s",
+                 baseline=statistics.median(cpu["trusted", path]), ratio=statistics.median(cpu_ratios))]
+    return rows + [
         dict(bench="cluster", metric="leader's validation alone, in this process (decode_produced: CRC-32C + "
                                      "full Arrow validation)", value=mb / alone["validated"], unit="MB/s"),
         dict(bench="cluster", metric="  the same: its CPU for one round's payloads, as a share of the broker's CPU "
-                                     "per trusted round", value=alone["validated"] / statistics.median(cpu["trusted"]),
-             unit="fraction"),
+                                     "per trusted gRPC Produce round", unit="fraction",
+             value=alone["validated"] / statistics.median(cpu["trusted", "gRPC Produce"])),
     ]
 
 

@@ -3,9 +3,12 @@ plaintext, on the same broker in the same run.
 
 One broker with three listeners (PLAINTEXT, SSL with mTLS, SASL_SSL) and the ACL
 authorizer on (ACLs for every principal used, so each protocol pays the same
-authorization), 100-byte values in batches of 10,000, RF=1, acks=1; consumers
-read with Fetch (gRPC) on every protocol, so the same path is compared (an SSL
-client never reads with Flight).
+authorization), 100-byte values in batches of 10,000, RF=1, acks=1; producers
+use gRPC Produce and consumers Fetch on every protocol, so the same path is
+compared (an SSL client never uses Flight). SASL_SSL clients' default, Flight
+(DoPut, DoGet) over TLS, is compared with the plaintext client's gRPC path: on a
+broker with TLS listeners the Flight listener is TLS only, so that is what a
+plaintext client of this broker uses.
 
 The machine these runs share is noisy (other work comes and goes within seconds),
 so one figure per protocol says little. The protocols take turns in each of
@@ -50,9 +53,11 @@ def run() -> list[dict]:
     # SASL_SSL consumers read with Flight (grpc+tls) by default; on this broker a plaintext client cannot
     # (its Flight listener is TLS only, as every listener of a broker with TLS listeners), so its Flight
     # read is compared with the plaintext client's Fetch, what that client reads with here.
+    # The same holds for producers (Flight DoPut is a SASL_SSL producer's default).
     kinds = {"PLAINTEXT": ("produce", "consume"), "SSL": ("produce", "consume"),
-             "SASL_SSL": ("produce", "consume", "consume via Flight")}
-    baseline_kind = {"produce": "produce", "consume": "consume", "consume via Flight": "consume"}
+             "SASL_SSL": ("produce", "consume", "produce via Flight", "consume via Flight")}
+    baseline_kind = {"produce": "produce", "consume": "consume", "produce via Flight": "produce",
+                     "consume via Flight": "consume"}
     took = {(p, k): [] for p in PROTOCOLS for k in kinds[p]}   # seconds, one per round
     cpu = {key: [] for key in took}    # CPU seconds of the client and the broker, one per round
     load_before = os.getloadavg()[0]
@@ -72,10 +77,12 @@ def run() -> list[dict]:
         for r in range(ROUNDS):
             for proto in (PROTOCOLS if r % 2 == 0 else PROTOCOLS[::-1]):
                 topic = f"bench-{proto.lower()}-{r}"
-                admin.create_topic(topic, partitions=1, replication_factor=1, schema="value BINARY",
-                                   config={"max.message.bytes": str(64 << 20), "segment.bytes": str(1 << 30)})
+                for name in ((topic, topic + "-flight") if "produce via Flight" in kinds[proto] else (topic,)):
+                    admin.create_topic(name, partitions=1, replication_factor=1, schema="value BINARY",
+                                       config={"max.message.bytes": str(64 << 20), "segment.bytes": str(1 << 30)})
                 bs, pid = cluster.bootstrap_for(proto), cluster.procs[1].pid
-                works = {"produce": lambda: C._produce(bs, topic, batches, configs[proto]),
+                works = {"produce": lambda: C._produce(bs, topic, batches, configs[proto], use_flight=False),
+                         "produce via Flight": lambda: C._produce(bs, topic + "-flight", batches, configs[proto]),
                          "consume": lambda: C._consume(bs, topic, n, pid, configs[proto], use_flight=False)[0],
                          "consume via Flight": lambda: C._consume(bs, topic, n, pid, configs[proto])[0]}
                 for kind in kinds[proto]:
@@ -94,7 +101,8 @@ def run() -> list[dict]:
         for proto in tls:
             ours = took[proto, kind]
             ratios = [p / o for p, o in zip(plain, ours)]
-            vs = "" if kind == baseline_kind[kind] else f" vs PLAINTEXT {baseline_kind[kind]} with Fetch"
+            vs = "" if kind == baseline_kind[kind] else \
+                f" vs PLAINTEXT {baseline_kind[kind]} with {'Fetch' if kind.startswith('consume') else 'Produce'}"
             rows.append(dict(bench="tls", metric=f"{kind} over {proto}{vs} records/s (ratio: median of {len(ratios)} "
                                                  f"per-round ratios)", value=n / statistics.median(ours),
                              unit="records/s", baseline=n / statistics.median(plain), ratio=statistics.median(ratios)))

@@ -1,10 +1,16 @@
 """A broker process whose leader skips its validation of records produced to topics
-named ``trusted-*``: no CRC-32C check of the payload, no full Arrow validation
-(``records.decode_produced`` is a plain zero-copy ``decode_stream`` for them).
-Every other topic is validated as by any broker. For `./build.sh bench cluster`
-only: the validation's cost is the ratio of produce throughput to a validated
-topic to that to a trusted one, on this one broker in the same run. Never used
-outside the benchmark (it stores what a normal leader refuses).
+named ``trusted-*``; every other topic is validated as by any broker. Skipped:
+
+- gRPC Produce: the payload's CRC-32C check, the one-stream check and Arrow's full
+  validation (``records.decode_produced`` is a plain zero-copy ``decode_stream``);
+- Flight DoPut: Arrow's full validation (``records.validate_untrusted_batches``);
+  its CRC check stays, as it compares the CRC the log computes to store the batch
+  anyway.
+
+For `./build.sh bench cluster` only: the validation's cost is the ratio of produce
+throughput to a validated topic to that to a trusted one, on this one broker in
+the same run. Never used outside the benchmark (it stores what a normal leader
+refuses).
 
 Usage, as ``python -m replikafka broker``: ``python bench/trusting_broker.py <properties>``."""
 from __future__ import annotations
@@ -15,6 +21,7 @@ from replikafka import records
 
 TRUSTED_PREFIX = "trusted-"
 _validating_decode = records.decode_produced
+_validating_check = records.validate_untrusted_batches
 
 
 def _decode(data, crc32c_sent, where):
@@ -23,7 +30,13 @@ def _decode(data, crc32c_sent, where):
     return _validating_decode(data, crc32c_sent, where)
 
 
+def _check(batches, where):
+    if not where.startswith(TRUSTED_PREFIX):
+        _validating_check(batches, where)
+
+
 records.decode_produced = _decode
+records.validate_untrusted_batches = _check
 
 if __name__ == "__main__":
     from replikafka.cli.main import main
