@@ -475,6 +475,9 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "fsync data older than this; unset = log.flush.scheduler.interval.ms.", Range(0, LONG_MAX)),
     _k("log.flush.scheduler.interval.ms", LONG, LONG_MAX, "ms",
        "How often the flusher checks whether a partition needs an fsync.", Range(0, LONG_MAX)),
+    _k("num.recovery.threads.per.data.dir", INT, 8, "threads",
+       "Logs read (and recovered after a crash) at once per log dir at start-up, and flushed at once "
+       "at shutdown (the disk waits overlap).", Range(1, INT_MAX)),
     _k("log.idle.release.ms", LONG, 60000, "ms",
        "A partition neither written nor read for this long closes its files and memory maps "
        "(reopened on the next use), so open files follow busy partitions, not partitions.",

@@ -89,11 +89,11 @@ class ControlPlaneGuard:
         """The request with only the legal entries ZooKeeper knows, and PartitionErrors for the rest."""
         errors: list[pb.PartitionError] = []
         topics = [t for t in req.topics if self._topic_ok(t)]
-        assignments = self._assignments([s.topic for s in req.partitions if W.partition_state_error(
-            s, self.limits) is None])
+        malformed = [W.partition_state_error(s, self.limits) for s in req.partitions]   # once each
+        assignments = self._assignments([s.topic for s, bad in zip(req.partitions, malformed) if bad is None])
         kept = []
-        for s in req.partitions:
-            err = W.partition_state_error(s, self.limits) or self._partition_error(s.topic, s.partition, assignments)
+        for s, bad in zip(req.partitions, malformed):
+            err = bad or self._partition_error(s.topic, s.partition, assignments)
             if err is None and sorted(s.replicas) != sorted(assignments[s.topic][s.partition]) and \
                     not set(assignments[s.topic][s.partition]) & set(s.replicas):
                 err = E.InvalidRequestError(f"{s.topic}-{s.partition}: replicas {list(s.replicas)} share none with "

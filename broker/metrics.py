@@ -285,7 +285,8 @@ class ReplicaManagerCollector(Collector):
             log_ = part.log
             with part.lock:
                 role, isr, replicas, st = part.role, part.isr, part.replicas, part.leader_state
-                producer_ids += len(part.producers.producers)
+                built = part.producers_if_built    # counting must not build every partition's state
+                producer_ids += len(built.producers) if built is not None else 0
                 leo = log_.log_end_offset
                 if role == LEADER and st is not None:
                     leaders += 1

@@ -142,7 +142,8 @@ class BrokerServer:
         self.channel_credentials = self.security.channel_credentials()
         self.log_manager = LogManager(list(cfg.get("log.dirs")), log_config_for_topic(cfg, {}),
                                       topic_config=self._topic_log_config, topic_schema=self._topic_schema,
-                                      clock=self.clock, idle_release_ms=cfg.get("log.idle.release.ms"))
+                                      clock=self.clock, idle_release_ms=cfg.get("log.idle.release.ms"),
+                                      load_threads=cfg.get("num.recovery.threads.per.data.dir"))
         self._delete_unassigned()
         self.logs = PartitionLogs(cfg, self.log_manager)
         self.metadata = MetadataCache()

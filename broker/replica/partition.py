@@ -46,12 +46,29 @@ class Partition:
         self.controller_epoch = -1
         self.leader_state: LeaderState | None = None
         self._hw = min(hw, log.log_end_offset)
-        self.producers = ProducerStateManager()
-        for h in log.batch_headers(0):
-            # "Last seen" counts from when this replica saw the batch (not its
-            # producer-set timestamp, which may be old): expiry never comes early.
-            self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset,
-                                  self.clock.time_ms())
+        # Rebuilt from the log's batch headers on first use, not here: a broker taking
+        # up 50,000 partitions at start-up would read every batch header of every log.
+        self._producers: ProducerStateManager | None = None
+
+    @property
+    def producers(self) -> ProducerStateManager:
+        """Idempotent producers' state, rebuilt from the log on first use."""
+        with self.lock:
+            if self._producers is None:
+                built = ProducerStateManager()
+                now = self.clock.time_ms()
+                for h in self.log.batch_headers(0):
+                    # "Last seen" counts from when this replica saw the batch (not its
+                    # producer-set timestamp, which may be old): expiry never comes early.
+                    built.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset,
+                                 now)
+                self._producers = built
+            return self._producers
+
+    @property
+    def producers_if_built(self) -> ProducerStateManager | None:
+        """The producers' state if something used it yet (maintenance skips the rest)."""
+        return self._producers
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -298,8 +315,10 @@ class Partition:
             if raw is not None and len(raw):
                 info = self.log.append_raw(raw)
                 n = info.record_count
-                for h in info.headers:  # as validated by the append: no second read
-                    self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count,
+                # As validated by the append: no second read. State not built yet is
+                # built from the log, these batches included, when first used.
+                for h in info.headers if self._producers is not None else ():
+                    self._producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count,
                                           h.base_offset, self.clock.time_ms())
             new_hw = min(leader_hw, self.log.log_end_offset)
             if new_hw > self._hw:
@@ -316,7 +335,8 @@ class Partition:
                 return False
             if offset < self.log.log_end_offset:
                 self.log.truncate_to(offset)
-                self.producers.truncate_to(offset)
+                if self._producers is not None:
+                    self._producers.truncate_to(offset)
             self._hw = min(self._hw, self.log.log_end_offset)
             return True
 
@@ -326,5 +346,5 @@ class Partition:
             if expected_epoch is not None and (self.role != FOLLOWER or self.leader_epoch != expected_epoch):
                 return
             self.log.truncate_fully_and_start_at(offset)
-            self.producers = ProducerStateManager()
+            self._producers = ProducerStateManager()
             self._hw = offset

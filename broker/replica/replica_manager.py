@@ -29,6 +29,8 @@ TP = tuple[str, int]
 FETCH_WAIT_SLICE_S = 0.05
 #: Kafka's DEBUGGING_CONSUMER id: a fetch any replica serves with its own stored batches (replica-verification).
 DEBUGGING_REPLICA_ID = -2
+#: Topic schemas parsed once, not once per partition a LeaderAndIsr names (keyed by their bytes).
+SCHEMA_CACHE_ENTRIES_MAX = 1000
 
 
 def partition_read_error(topic: str, partition: int, exc: Exception) -> E.ReplikafkaError:
@@ -45,6 +47,7 @@ class ReplicaManager:
     def __init__(self, broker_id: int, config, log_manager, store, metadata, fetchers, clock,
                  stats: ReplicaStats | None = None):
         self.broker_id = broker_id
+        self._schemas: dict[bytes, object] = {}     # schema bytes -> pa.Schema (bounded)
         self.config = config
         self.logs = log_manager
         self.store = store
@@ -200,7 +203,12 @@ class ReplicaManager:
                 schema, config, topic_id = entry.schema, entry.config, entry.topic_id
             else:
                 schema, config, topic_id = info.schema, dict(info.config), info.topic_id
-            log_ = self.logs.get_or_create(tp[0], tp[1], R.schema_from_bytes(schema), config, topic_id)
+            parsed = self._schemas.get(schema)
+            if parsed is None:
+                if len(self._schemas) >= SCHEMA_CACHE_ENTRIES_MAX:
+                    self._schemas.clear()
+                parsed = self._schemas[schema] = R.schema_from_bytes(schema)
+            log_ = self.logs.get_or_create(tp[0], tp[1], parsed, config, topic_id)
             part = Partition(tp[0], tp[1], self.broker_id, log_, self.clock, hw=self.logs.checkpointed_hw(tp))
             self.partitions[tp] = part
             return part
@@ -622,7 +630,9 @@ class ReplicaManager:
             parts = list(self.partitions.values())
         for part in parts:
             with part.lock:
-                part.producers.expire(now, expiration_ms)
+                built = part.producers_if_built
+                if built is not None:
+                    built.expire(now, expiration_ms)
 
     def high_watermarks(self) -> dict[TP, int]:
         with self.lock:

@@ -513,12 +513,12 @@ _shared_encoders: "weakref.WeakValueDictionary[bytes, BatchEncoder]" = weakref.W
 _shared_encoders_lock = threading.Lock()
 
 
-def shared_encoder(schema: pa.Schema) -> BatchEncoder:
+def shared_encoder(schema: pa.Schema, schema_msg: bytes | None = None) -> BatchEncoder:
     """The encoder every log of this schema uses. Starting a stream writer costs
     about as much as encoding a small batch; after a failover thousands of logs of
     one topic take their first append at once, and they start one writer, not one
     each. Held by its logs (weakly here): it goes with the last of them."""
-    key = schema_message(schema)
+    key = schema_message(schema) if schema_msg is None else schema_msg
     with _shared_encoders_lock:
         enc = _shared_encoders.get(key)
         if enc is None:

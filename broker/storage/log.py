@@ -208,7 +208,7 @@ class Log:
         self._clock = clock
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
-        self._encoder = bf.shared_encoder(schema)
+        self._encoder = bf.shared_encoder(schema, self._schema_msg)
         self._ts_index = schema.get_field_index(TIMESTAMP_COLUMN)
         self._epoch_cache = LeaderEpochFileCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT), epoch_entries)
         self._topic_id: str | None = None   # partition.metadata, once read or written ("" = none)
@@ -240,15 +240,23 @@ class Log:
         the log is cut at the first invalid batch (see `LogSegment.recover`).
         """
         _validate_config(config)
-        created = not os.path.isdir(dir)
-        os.makedirs(dir, exist_ok=True)
-        bases = cls._list_segments(dir)
+        try:
+            os.mkdir(dir)
+            created = True      # a new log: nothing to list or read in it
+        except FileExistsError:
+            created = False
+        except FileNotFoundError:
+            os.makedirs(dir, exist_ok=True)
+            created = True
+        bases = [] if created else cls._list_segments(dir)
         if schema is None:
             if not bases:
                 raise InvalidSchemaError(f"{dir}: no schema given and no segment to read one from")
             schema = LogSegment.open_existing(dir, bases[0], pa.schema([]), 0, 0).read_file_schema()
         validate_schema(schema)
-        self = cls(dir, config, schema, clock or SYSTEM_CLOCK)
+        self = cls(dir, config, schema, clock or SYSTEM_CLOCK, epoch_entries=[] if created else None)
+        if created:
+            self._topic_id = ""
         # A new directory's entry in the log dir is made durable by the first flush.
         self._parent_dir_dirty = created
         self._load(bases, recovery_point, log_start_offset, clean)

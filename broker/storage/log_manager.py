@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 CLEAN_STATE_VERSION = 1
 LOCK_FILE = ".lock"
-CLOSE_THREADS = 8          # logs flushed in parallel by close() (their fsyncs overlap)
 _PARTITION_DIR = re.compile(r"^(.+)-(\d{1,9})$")
 #: Suffix of a directory found in a log dir that is not a partition log: moved aside, never loaded.
 STRAY_SUFFIX = "-stray"
@@ -136,7 +135,7 @@ class LogManager:
     def __init__(self, log_dirs: list[str], default_config: LogConfig = LogConfig(), *,
                  topic_config: Callable[[str], LogConfig] | None = None,
                  topic_schema: Callable[[str], pa.Schema | None] | None = None,
-                 clock=None, idle_release_ms: int = 60_000):
+                 clock=None, idle_release_ms: int = 60_000, load_threads: int = 8):
         """Lock and load every log dir.
 
         `topic_config(topic)` gives a topic's LogConfig (default: `default_config`).
@@ -144,6 +143,8 @@ class LogManager:
         its descriptors and mappings (ms).
         `topic_schema(topic)` gives its schema; None (or no callable) means the
         schema stored in the log's own segments.
+        `load_threads`: logs read (and recovered) from their files at once, per log dir,
+        and logs flushed at once by `close()`.
         """
         if not log_dirs:
             raise StorageError("no log dirs configured")
@@ -152,6 +153,7 @@ class LogManager:
         self._topic_schema = topic_schema or (lambda topic: None)
         self._clock = clock or SYSTEM_CLOCK
         self._idle_release_ms = idle_release_ms
+        self._load_threads = max(1, load_threads)
         self._lock = threading.RLock()
         self._logs: dict[TopicPartition, Log] = {}
         self._log_dir_of: dict[TopicPartition, _LogDir] = {}
@@ -180,6 +182,7 @@ class LogManager:
         schemas: dict[str, pa.Schema | None] = {}   # asked once per topic, not once per partition
         configs: dict[str, LogConfig] = {}
         from_state = 0
+        from_files: list[tuple[TopicPartition, str]] = []    # opened (and recovered) by the pool below
         for name in sorted(os.listdir(d.path)):
             full = os.path.join(d.path, name)
             state = states.get(name)
@@ -201,22 +204,33 @@ class LogManager:
                 configs[tp[0]] = self._topic_config(tp[0])
             if state is not None:
                 schema, schema_msg = state_schemas[state["schema"]]
-                log_ = Log.from_state(full, configs[tp[0]], schema, schema_msg, state, clock=self._clock)
+                self._logs[tp] = Log.from_state(full, configs[tp[0]], schema, schema_msg, state, clock=self._clock)
+                self._log_dir_of[tp] = d
                 from_state += 1
-            else:
-                if tp[0] not in schemas:
-                    schemas[tp[0]] = self._topic_schema(tp[0])
-                schema = schemas[tp[0]]
-                if schema is None and not Log._list_segments(full):
-                    # A log of an unknown (deleted) topic that never got a segment: nothing to keep.
-                    log.warning("removing %s: empty log of a topic whose schema is unknown", full)
-                    shutil.rmtree(full, ignore_errors=True)
-                    continue
-                log_ = Log.open(full, configs[tp[0]], schema,
-                                recovery_point=recovery_points.get(tp, 0),
-                                log_start_offset=log_starts.get(tp, 0), clock=self._clock, clean=clean)
-            self._logs[tp] = log_
-            self._log_dir_of[tp] = d
+                continue
+            if tp[0] not in schemas:
+                schemas[tp[0]] = self._topic_schema(tp[0])
+            from_files.append((tp, full))
+
+        def open_from_files(tp: TopicPartition, full: str) -> Log | None:
+            schema = schemas[tp[0]]
+            if schema is None and not Log._list_segments(full):
+                # A log of an unknown (deleted) topic that never got a segment: nothing to keep.
+                log.warning("removing %s: empty log of a topic whose schema is unknown", full)
+                shutil.rmtree(full, ignore_errors=True)
+                return None
+            return Log.open(full, configs[tp[0]], schema, recovery_point=recovery_points.get(tp, 0),
+                            log_start_offset=log_starts.get(tp, 0), clock=self._clock, clean=clean)
+
+        # Reading and recovering logs waits on the disk far more than it computes (a cold
+        # directory read each): several at once, as Kafka's num.recovery.threads.per.data.dir.
+        with concurrent.futures.ThreadPoolExecutor(self._load_threads, thread_name_prefix="log-load") as pool:
+            opened = [(tp, pool.submit(open_from_files, tp, full)) for tp, full in from_files]
+            for tp, done in opened:
+                log_ = done.result()
+                if log_ is not None:
+                    self._logs[tp] = log_
+                    self._log_dir_of[tp] = d
         if clean:
             os.unlink(d.clean_marker)
             fsync_dir(d.path)
@@ -434,7 +448,7 @@ class LogManager:
                 return
             # In parallel (fsync releases the GIL; thousands of logs each fsync their
             # directory), and each log dir fsynced once for the partition dirs in it.
-            with concurrent.futures.ThreadPoolExecutor(CLOSE_THREADS, thread_name_prefix="log-close") as pool:
+            with concurrent.futures.ThreadPoolExecutor(self._load_threads, thread_name_prefix="log-close") as pool:
                 for done in [pool.submit(log_.close, sync_parent=False) for log_ in self._logs.values()]:
                     done.result()
             for d in self._dirs:
