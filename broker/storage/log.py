@@ -627,6 +627,8 @@ class Log:
     def roll_if_due(self, now_ms: int | None = None) -> bool:
         """Roll if the active segment is older than segment_ms (and not empty)."""
         now = self._clock.time_ms() if now_ms is None else now_ms
+        if not self._roll_due(self._segments[-1], now):
+            return False   # checked first without the lock: maintenance passes over every log each second
         with self._lock:
             if self._closed or self._closing or not self._roll_due(self._segments[-1], now):
                 return False
@@ -867,6 +869,8 @@ class Log:
         """Delete the oldest sealed segments that break retention.ms (their newest
         record is older), retention.bytes (the log is larger) or lie wholly below
         the log start. Never deletes the active segment. Returns how many."""
+        if len(self._segments) == 1:
+            return 0       # only the active segment, which retention never deletes (checked without the lock)
         now = self._clock.time_ms() if now_ms is None else now_ms
         with self._lock:
             if self._closed or self._closing:
@@ -948,6 +952,8 @@ class Log:
     def flush_if_due(self, now_ms: int | None = None) -> bool:
         """Flush when flush_interval_ms has passed with unflushed data, or when
         rolled segments are still unflushed (Kafka flushes those after a roll)."""
+        if self._leo == self._recovery_point:
+            return False   # nothing unflushed (checked first without the lock, as roll_if_due)
         now = self._clock.time_ms() if now_ms is None else now_ms
         with self._lock:
             if self._closed or self._closing:
