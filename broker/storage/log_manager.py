@@ -441,7 +441,9 @@ class LogManager:
     # ---- shutdown ------------------------------------------------------------------
     def close(self) -> None:
         """Clean shutdown: stop maintenance, flush and close every log, write the
-        checkpoints, then the clean-shutdown marker in each dir."""
+        checkpoints, then the clean-shutdown marker in each online dir. An offline dir
+        (KIP-112) is left as a crash leaves it: its logs were abandoned, not closed, so
+        the next start must recover them from their files, and its disk may be full."""
         self.stop_background()
         with self._lock:
             if self._closed:
@@ -451,12 +453,14 @@ class LogManager:
             with concurrent.futures.ThreadPoolExecutor(self._load_threads, thread_name_prefix="log-close") as pool:
                 for done in [pool.submit(log_.close, sync_parent=False) for log_ in self._logs.values()]:
                     done.result()
-            for d in self._dirs:
+            online = [d for d in self._dirs if d.path not in self._offline_dirs]
+            for d in online:
                 fsync_dir(d.path)
             self.checkpoint_recovery_points()
             self.checkpoint_log_start_offsets()
-            for d in self._dirs:
+            for d in online:
                 atomic_write_bytes(d.clean_marker, self._clean_state(d))
+            for d in self._dirs:
                 d.release()
             self._closed = True
 

@@ -74,7 +74,8 @@ def test_a_full_log_dir_goes_offline_leadership_moves_and_the_restarted_replica_
             # Broker 1 leads it, its log in the first (small) dir; "steady" lives on the other dirs.
             admin.create_topic("filling", assignment={0: [1, 2, 3]})
             admin.create_topic("steady", assignment={0: [2, 3, 1]})
-            assert os.path.isdir(os.path.join(small, "filling-0"))
+            # create_topic returns before every replica has its log: wait for broker 1's
+            wait_until(lambda: os.path.isdir(os.path.join(small, "filling-0")), 30, what="filling-0 on the small dir")
             producer = BackgroundProducer(cluster.bootstrap_servers, "filling", 1, batch=200).start()
             try:
                 wait_until(lambda: admin.describe_topic("filling").partitions[0].leader != 1, 120,
@@ -157,7 +158,7 @@ def test_a_log_dir_turning_read_only_at_runtime_goes_offline_with_no_acknowledge
         cluster.start()
         admin = replikafka.Admin(cluster.bootstrap_servers)
         admin.create_topic("frozen", assignment={0: [1, 2, 3]})
-        assert os.path.isdir(os.path.join(ro, "frozen-0"))
+        wait_until(lambda: os.path.isdir(os.path.join(ro, "frozen-0")), 30, what="frozen-0 on the dir to turn read-only")
         producer = BackgroundProducer(cluster.bootstrap_servers, "frozen", 1, batch=20).start()
         try:
             wait_until(lambda: len(producer.log.acked) > 500, 60, what="some acknowledged writes")

@@ -146,3 +146,48 @@ def test_a_failed_undo_leaves_no_partial_copy_on_the_full_disk(tmp_path, monkeyp
     assert reopened.load_stats["truncated_bytes"] == 300
     assert read_values(reopened) == [value(o) for o in range(leo)]
     reopened.close()
+
+
+@pytest.mark.parametrize("disk", ["full", "writable"])
+def test_an_offline_log_dir_gets_no_clean_shutdown_marker(tmp_path, monkeypatch, disk):
+    """A log dir taken offline by an ENOSPC (KIP-112) is left as a crash leaves it: the
+    broker's clean shutdown writes no clean-shutdown marker there (its logs were
+    abandoned, not closed: a marker would have the next start trust a torn tail), and a
+    full disk there does not stop the shutdown of the other dirs. The next start
+    recovers that dir's logs from their files."""
+    from replikafka.broker.storage import CLEAN_SHUTDOWN_FILE, LogManager, ManualClock
+    from replikafka.broker.storage import log_manager as lm_mod
+
+    from storage_testlib import SCHEMA, T0, TINY
+
+    full, other = tmp_path / "full", tmp_path / "other"
+    lm = LogManager([str(full), str(other)], TINY, clock=ManualClock(T0))
+    logs = {p: lm.get_or_create_log("t", p, SCHEMA) for p in range(2)}
+    in_full = next(p for p, lg in logs.items() if os.path.dirname(lg.dir) == str(full))
+    for lg in logs.values():
+        fill(lg, 7)
+    leo = logs[in_full].log_end_offset
+    monkeypatch.setattr(segment_mod, "pwritev_all", _DiskFullAfter(600))
+    monkeypatch.setattr(segment_mod.LogSegment, "_rewrite", _rewrite_on_a_full_disk)
+    with pytest.raises(StorageError):
+        logs[in_full].append([make_batch(leo, 5)], leader_epoch=0)
+    monkeypatch.undo()
+    assert lm.fail_dir(str(full), "ENOSPC") == [("t", in_full)]
+    if disk == "full":
+        real = lm_mod.atomic_write_bytes
+
+        def no_space_in_full(path, data, **kw):
+            if path.startswith(str(full)):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            real(path, data, **kw)
+        monkeypatch.setattr(lm_mod, "atomic_write_bytes", no_space_in_full)
+    lm.close()
+    monkeypatch.undo()
+    assert not (full / CLEAN_SHUTDOWN_FILE).exists()
+    assert (other / CLEAN_SHUTDOWN_FILE).exists()
+    lm = LogManager([str(full), str(other)], TINY, clock=ManualClock(T0))
+    log = lm.get_log("t", in_full)
+    assert log.load_stats["truncated_bytes"] == 600, log.load_stats
+    assert log.log_end_offset == leo
+    assert read_values(log) == [value(o) for o in range(leo)]
+    lm.close()
