@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import time
 
@@ -82,7 +83,8 @@ def _restart(cluster: LocalCluster, broker_id: int, n: int) -> float:
 
 def _write_all(cluster: LocalCluster, admin, partitions: list[int]) -> None:
     """One record to each partition, one Produce request per leader, repeated for
-    the partitions not ready yet: when it returns every one accepted a write."""
+    the partitions not ready yet: when it returns every one accepted a write.
+    Raises naming how many never did (and how many have no leader) after 900 s."""
     from replikafka import records as R
     b = R.to_record_batch([{"value": b"x"}], R.parse_schema("value BINARY"), timestamp_ms=0)
     payload = R.encode_stream(b.schema, [b]).to_pybytes()
@@ -103,7 +105,8 @@ def _write_all(cluster: LocalCluster, admin, partitions: list[int]) -> None:
         if todo:
             time.sleep(0.1)
     if todo:
-        raise RuntimeError(f"{len(todo)} partitions never accepted a write")
+        leaderless = sum(1 for p in admin.describe_topic(TOPIC).partitions if p.partition in todo and p.leader < 0)
+        raise RuntimeError(f"{len(todo)} partitions never accepted a write ({leaderless} have no leader)")
 
 
 def run() -> list[dict]:
@@ -116,6 +119,9 @@ def run() -> list[dict]:
         if baseline is not None:
             r.update(baseline=baseline, ratio=value / baseline if baseline else float("nan"))
         rows.append(r)
+        # As it goes: a long run that fails later still shows what it measured.
+        print(f"scale: {metric}: {value:.3f} {unit}" + (f" (baseline {baseline:.3f})" if baseline else ""),
+              file=sys.stderr, flush=True)
 
     cluster = LocalCluster(os.path.join(root, "c"), 3, die_with_parent=True,
                            overrides={"zookeeper.session.timeout.ms": "4000",
@@ -164,6 +170,10 @@ def run() -> list[dict]:
             _preferred_election(cluster)
             _wait(lambda: len(admin_led()) >= n // 3 - 1, 600, "preferred leaders back")
         led = admin_led()
+        # A follower that fell behind meanwhile (a loaded machine) left an ISR: with the
+        # victim alone in it, its partition could not fail over.
+        _wait(lambda: all(len(p.isr) == 3 for p in admin.describe_topic(TOPIC).partitions), 1800,
+              "every ISR full before the kill")
 
         # Failover of the third it leads (SIGKILL), then its restart after SIGKILL.
         killed_at = time.time()

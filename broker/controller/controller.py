@@ -301,8 +301,8 @@ class Controller:
         self._sync_partition_states(changed)
         decided = time.monotonic()
         # Full state to every live broker: metadata first, then roles (one request built for all).
-        self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
-        self._send_leader_and_isr(list(ctx.states))
+        built = self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
+        self._send_leader_and_isr(list(ctx.states), prebuilt=built)
         # The phases, so a slow failover says where its time went (ZooKeeper reads,
         # re-decided states, building and queueing the requests).
         log.info("controller failover: loaded %d topics, %d partitions and sent the full state to %d brokers "
@@ -366,11 +366,12 @@ class Controller:
         # New brokers learn everything; everyone else learns the changed partitions
         # and the new set of live brokers (as Kafka's onBrokerStartup/onBrokerFailure:
         # a broker that leads nothing is still a broker clients must be told of).
-        for bid in new:
-            self._send_update_metadata([bid], list(ctx.states), full=True)
+        built: dict[TP, pb.PartitionState] = {}
+        if new:
+            built = self._send_update_metadata(sorted(new), list(ctx.states), full=True)
         if changed or new or dead:  # the others learn the new brokers (and their epochs, KIP-380)
-            self._send_update_metadata([b for b in live if b not in new], changed)
-        self._send_leader_and_isr(changed, extra_brokers=new)
+            built = {**built, **self._send_update_metadata([b for b in live if b not in new], changed)}
+        self._send_leader_and_isr(changed, extra_brokers=new, prebuilt=built)
         if changed:
             log.info("controller: %d partition states written and sent in %.3fs", len(changed),
                      time.monotonic() - started)
@@ -466,8 +467,8 @@ class Controller:
                 new_tps += [(t, p) for p in meta.assignment]
         if new_tps:
             self._create_states(new_tps)
-            self._send_update_metadata(list(ctx.live), new_tps)
-            self._send_leader_and_isr(new_tps)
+            built = self._send_update_metadata(list(ctx.live), new_tps)
+            self._send_leader_and_isr(new_tps, prebuilt=built)
 
     def _on_topic_config_change(self, event: V.TopicConfigChange) -> None:
         """A dynamic config change (AlterConfigs): the controller's copy, which its
@@ -492,8 +493,8 @@ class Controller:
         meta.assignment = assignment
         if new_tps:
             self._create_states(new_tps)
-            self._send_update_metadata(list(self.ctx.live), new_tps)
-            self._send_leader_and_isr(new_tps)
+            built = self._send_update_metadata(list(self.ctx.live), new_tps)
+            self._send_leader_and_isr(new_tps, prebuilt=built)
 
     def _create_states(self, tps: list[TP]) -> None:
         ctx = self.ctx
@@ -572,8 +573,8 @@ class Controller:
     def _announce(self, tps: list[TP], skip=()) -> None:
         """New states to everyone: metadata to every live broker, roles to the replicas."""
         if tps:
-            self._send_update_metadata(list(self.ctx.live), tps)
-            self._send_leader_and_isr(tps, skip=skip)
+            built = self._send_update_metadata(list(self.ctx.live), tps)
+            self._send_leader_and_isr(tps, skip=skip, prebuilt=built)
 
     def _write_assignments(self, changes: dict[TP, tuple[int, ...]]) -> None:
         by_topic: dict[str, dict[int, list[int]]] = {}
@@ -934,18 +935,24 @@ class Controller:
                                         partition_count=len(m.assignment), topic_id=m.topic_id))
         return out
 
-    def _send_update_metadata(self, brokers, tps: list[TP], full: bool = False) -> None:
-        states = [s for s in (self._partition_state_pb(tp) for tp in tps) if s is not None]
+    def _send_update_metadata(self, brokers, tps: list[TP], full: bool = False) -> dict[TP, pb.PartitionState]:
+        """Returns the partition states it sent, for a LeaderAndIsr that follows
+        (``prebuilt``): at 50,000 partitions building them is a good part of a failover."""
+        built = {tp: self._partition_state_pb(tp) for tp in tps}
+        states = [s for s in built.values() if s is not None]
         topics = self.ctx.topics.keys() if full else {tp[0] for tp in tps}
         req = pb.UpdateMetadataRequest(controller_id=self.broker_id, controller_epoch=self.ctx.epoch,
                                        partitions=states, live_brokers=self._endpoints(),
                                        topics=self._topic_infos(topics), full=full)
         for b in brokers:
             self.channels.send(b, "UpdateMetadata", req)
+        return built
 
-    def _send_leader_and_isr(self, tps: list[TP], extra_brokers=(), skip=()) -> None:
+    def _send_leader_and_isr(self, tps: list[TP], extra_brokers=(), skip=(),
+                             prebuilt: dict[TP, pb.PartitionState] | None = None) -> None:
         """One LeaderAndIsr per affected live broker, carrying all its partitions.
-        ``extra_brokers`` (new brokers) get every partition they host; ``skip`` get none."""
+        ``extra_brokers`` (new brokers) get every partition they host; ``skip`` get none.
+        ``prebuilt``: partition states just built for the same state (by ``_send_update_metadata``)."""
         ctx = self.ctx
         per_broker: dict[int, list[pb.PartitionState]] = {}
         wanted = set(tps)
@@ -954,7 +961,7 @@ class Controller:
         for tp in wanted:
             if tp[0] in ctx.deleting:
                 continue
-            s = self._partition_state_pb(tp)
+            s = prebuilt[tp] if prebuilt is not None and tp in prebuilt else self._partition_state_pb(tp)
             if s is None:
                 continue
             for b in s.replicas:
