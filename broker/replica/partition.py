@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from replikafka import errors as E
 from replikafka.broker.replica.partition_state import LeaderState
-from replikafka.broker.replica.producer_state import Duplicate, ProducerStateManager
+from replikafka.broker.replica.producer_state import NO_PRODUCER_ID, Duplicate, ProducerStateManager
 
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 log = logging.getLogger("replikafka.partition")
@@ -160,14 +160,17 @@ class Partition:
                 raise E.NotEnoughReplicasError(
                     f"{self.topic}-{self.partition}: ISR {list(st.isr)} has fewer than "
                     f"min.insync.replicas={min_insync} members")
-            dup = self.producers.check(producer_id, producer_epoch, base_sequence, count)
+            # A plain (not idempotent) producer needs no producer state: it is not built for it.
+            idempotent = producer_id != NO_PRODUCER_ID
+            dup = self.producers.check(producer_id, producer_epoch, base_sequence, count) if idempotent else None
             if isinstance(dup, Duplicate):
                 return ProduceResult(dup.first_offset, dup.last_offset, count, duplicate=True)
             info = self.log.append(batches, leader_epoch=self.leader_epoch, producer_id=producer_id,
                                    producer_epoch=producer_epoch, base_sequence=base_sequence,
                                    body_crc32c=body_crc32c)
-            self.producers.update(producer_id, producer_epoch, base_sequence, count, info.first_offset,
-                                  self.clock.time_ms())
+            if idempotent:
+                self.producers.update(producer_id, producer_epoch, base_sequence, count, info.first_offset,
+                                      self.clock.time_ms())
             st.maybe_advance_hw(self.log.log_end_offset)
             self.cond.notify_all()
             return ProduceResult(info.first_offset, info.last_offset, count)

@@ -53,3 +53,28 @@ def test_producers_silent_past_the_expiration_are_forgotten():
     m.update(2, 0, 0, 1, first_offset=1, now_ms=50_000)
     m.expire(now_ms=60_000, expiration_ms=30_000)
     assert list(m.producers) == [2]
+
+
+def test_a_partition_rebuilds_producer_state_from_its_log_on_first_use(tmp_path):
+    """Not when created (a broker taking up 50,000 partitions would read every batch
+    header of every log): a plain producer's appends and a follower's never build it;
+    the first idempotent append does, from the log, and still sees a retry as one."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "storage"))
+    from storage_testlib import T0, make_batch, open_log
+    from replikafka.broker.replica.partition import Partition
+    from replikafka.broker.storage import ManualClock
+
+    clock = ManualClock(T0)
+    log = open_log(tmp_path / "t-0", clock=clock)
+    log.append([make_batch(0, 5)], leader_epoch=0, producer_id=7, producer_epoch=0, base_sequence=0)
+    part = Partition("t", 0, 1, log, clock)
+    assert part.producers_if_built is None
+    assert part.make_leader(0, (1,), (1,), 0, 1)
+    part.append_as_leader([make_batch(5, 5)], acks=1, min_insync=1)          # plain producer
+    assert part.producers_if_built is None
+    retry = part.append_as_leader([make_batch(0, 5)], acks=1, min_insync=1, producer_id=7, producer_epoch=0,
+                                  base_sequence=0)
+    assert retry.duplicate and (retry.first_offset, retry.last_offset) == (0, 4)
+    assert part.producers_if_built is not None and log.log_end_offset == 10
