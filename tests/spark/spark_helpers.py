@@ -13,6 +13,22 @@ from replikafka.client.producer import Producer
 from replikafka.records import HEADER_TYPE
 
 
+# An availableNow query over a few thousand records takes seconds on a quiet machine;
+# a shared 2-core machine at a load of 30 took more than 120 s once.
+AVAILABLE_NOW_TIMEOUT_S = 300
+
+
+def await_available_now(query, timeout_s: float = AVAILABLE_NOW_TIMEOUT_S) -> None:
+    """Wait for an availableNow query to finish. A failed query raises Spark's
+    StreamingQueryException; one still running after ``timeout_s`` is stopped
+    and fails the test with its last progress."""
+    query.awaitTermination(timeout_s)
+    if query.isActive:
+        last = query.lastProgress
+        query.stop()
+        raise AssertionError(f"availableNow query still running after {timeout_s}s; last progress: {last}")
+
+
 def kafka_batch(partition: int, start: int, n: int, value_bytes: int = 0, headers: bool = False) -> pa.RecordBatch:
     """Records whose value is ``b"<partition>:<i>"`` (padded to ``value_bytes``) and key ``b"k<i>"``."""
     values = [b"%d:%d" % (partition, i) for i in range(start, start + n)]

@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+from spark_helpers import await_available_now
 
 from replikafka.cli.main import main
 
@@ -30,7 +31,7 @@ def test_consumer_lag_of_a_spark_checkpoint_and_of_an_offsets_file(spark, bootst
           .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "250").load())
     q = (df.select("partition", "offset").writeStream.format("parquet").option("path", str(tmp_path / "out"))
          .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-    q.awaitTermination(120)
+    await_available_now(q)
     assert not q.isActive and q.exception() is None
     topics.fill(t, {0: 100, 1: 5})          # arrives after the query stopped: that is its lag
 

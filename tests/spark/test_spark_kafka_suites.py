@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from replikafka.records import HEADER_TYPE
-from spark_helpers import kafka_batch
+from spark_helpers import await_available_now, kafka_batch
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -77,7 +77,7 @@ def test_complete_mode_aggregation_is_appended_once_per_batch(spark, bootstrap, 
                                                 F.col("count").cast("string").alias("value")))
         q = (agg.writeStream.format("replikafka").outputMode("complete").option("bootstrap.servers", bootstrap)
              .option("topic", out).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-        q.awaitTermination(120)
+        await_available_now(q)
         assert q.exception() is None
 
     run()

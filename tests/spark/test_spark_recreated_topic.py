@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from spark_helpers import await_available_now
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -44,7 +45,7 @@ def available_now(df, checkpoint, sink) -> str | None:
     from pyspark.errors import StreamingQueryException
     q = df.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     try:
-        q.awaitTermination(120)
+        await_available_now(q)
     except StreamingQueryException as exc:
         return str(exc)
     assert not q.isActive

@@ -13,7 +13,7 @@ from replikafka.client.partitioner import partition_for_key
 from replikafka.spark.cluster_access import ClusterClient
 from replikafka.spark.options import parse_sink_options
 from replikafka.spark.writer import plan_targets, write_task
-from spark_helpers import SCORES_SCHEMA
+from spark_helpers import await_available_now, SCORES_SCHEMA
 
 pytestmark = [pytest.mark.integration]
 
@@ -138,7 +138,7 @@ def test_stream_sink_replayed_batch_adds_nothing(spark, bootstrap, topics, check
               .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "1000").load())
         q = (df.select("key", "value").writeStream.format("replikafka").option("bootstrap.servers", bootstrap)
              .option("topic", dst).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-        q.awaitTermination(120)
+        await_available_now(q)
         assert q.exception() is None
         return q
 

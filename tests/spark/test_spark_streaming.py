@@ -7,6 +7,7 @@ import os
 
 import pytest
 from pyspark.sql import functions as F
+from spark_helpers import await_available_now
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -22,7 +23,7 @@ def run_available_now(df, checkpoint, sink_dir):
     """Run to completion into a Parquet sink (Spark's exactly-once file sink); returns the progress list."""
     q = (df.select("partition", "offset", "value").writeStream.format("parquet").option("path", sink_dir)
          .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-    q.awaitTermination(120)
+    await_available_now(q)
     assert not q.isActive
     if q.exception():
         raise q.exception()
@@ -93,7 +94,7 @@ def test_a_replayed_batch_reads_exactly_the_same_records(spark, bootstrap, topic
     def run():
         q = (stream(spark, bootstrap, t, startingOffsets="earliest", maxOffsetsPerTrigger="200").writeStream
              .foreachBatch(record).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-        q.awaitTermination(120)
+        await_available_now(q)
         assert q.exception() is None
 
     run()
@@ -131,7 +132,7 @@ def test_stream_option_errors_name_the_option(spark, bootstrap, topics, checkpoi
     with pytest.raises(Exception) as info:
         q = df.writeStream.format("memory").queryName("never").option("checkpointLocation", checkpoint) \
             .trigger(availableNow=True).start()
-        q.awaitTermination(60)
+        await_available_now(q)
         if q.exception():
             raise q.exception()
     text = str(info.value)
