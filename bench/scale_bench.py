@@ -30,6 +30,7 @@ import grpc
 
 import replikafka
 from bench.replication_bench import _first_line, _wait
+from replikafka.errors import RequestTimedOutError
 from replikafka.local_cluster import LocalCluster
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
@@ -143,8 +144,14 @@ def run() -> list[dict]:
 
         admin = replikafka.Admin(cluster.bootstrap_servers)
         t0 = time.time()
-        admin.create_topic(TOPIC, partitions=n, replication_factor=3, schema="value BINARY",
-                           config={"min.insync.replicas": "2"}, timeout_ms=1_800_000)
+        try:
+            admin.create_topic(TOPIC, partitions=n, replication_factor=3, schema="value BINARY",
+                               config={"min.insync.replicas": "2"}, timeout_ms=1_800_000)
+        except RequestTimedOutError:
+            # The broker waits at most 2 minutes for every partition to have a leader; the
+            # creation goes on (as Kafka's CreateTopics after its timeout): wait for it here.
+            _wait(lambda: all(p.leader >= 0 for p in admin.describe_topic(TOPIC).partitions)
+                  and len(admin.describe_topic(TOPIC).partitions) == n, 1800, "every partition led")
         created = time.time()
         taken = [_wait(lambda b=b: _took_up(cluster, b, n, t0), 1800, f"broker {b} to take up its replicas")
                  for b in cluster.ids]

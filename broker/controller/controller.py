@@ -502,9 +502,11 @@ class Controller:
         new = {tp: D.initial_leader_and_isr(ctx.topics[tp[0]].assignment[tp[1]], live, ctx.epoch) for tp in tps}
         ctx.partition_states.transition(tps, PS.NEW, self.recent)
         self._replicas_appear([(tp, b) for tp in tps for b in ctx.topics[tp[0]].assignment[tp[1]]])
-        self.store.create_partition_states(new)
-        # Re-read: a partition created by an earlier controller keeps its state.
-        ctx.states.update(self.store.get_partition_states(tps))
+        created = self.store.create_partition_states(new)
+        ctx.states.update((tp, (new[tp], version)) for tp, version in created.items())
+        # Re-read the others: a partition created by an earlier controller keeps its
+        # state (the ones created here are as written: 50,000 reads less for a big topic).
+        ctx.states.update(self.store.get_partition_states([tp for tp in tps if tp not in created]))
         self._sync_partition_states(tps)
         if state_change_log.enabled():  # one record for the batch (a line per partition)
             state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} "

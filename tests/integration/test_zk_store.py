@@ -24,6 +24,21 @@ def test_many_states_in_multi_reads_missing_ones_left_out(kazoo_client):
     assert store.get_partition_states([]) == {}
 
 
+def test_state_creates_in_multis_leave_existing_states_alone(kazoo_client):
+    store = ZkStore(kazoo_client)
+    store.ensure_paths()
+    first = {("b", p): LeaderAndIsr(1, 0, (1, 2), 4) for p in range(0, 1200, 2)}
+    assert store.create_partition_states(first) == {tp: 0 for tp in first}
+    store.update_partition_state("b", 4, LeaderAndIsr(2, 1, (2,), 4), 0)
+    # A retry (controller failover) over a range where every other partition exists:
+    # each multi holding one fails whole, then goes one create at a time.
+    again = {("b", p): LeaderAndIsr(3, 0, (3,), 5) for p in range(1200)}
+    assert store.create_partition_states(again) == {("b", p): 0 for p in range(1, 1200, 2)}
+    got = store.get_partition_states(list(again))
+    assert got[("b", 4)] == (LeaderAndIsr(2, 1, (2,), 4), 1) and got[("b", 2)] == (first[("b", 2)], 0)
+    assert all(got[("b", p)] == (again[("b", p)], 0) for p in range(1, 1200, 2))
+
+
 def test_registration_publishes_every_listener(kazoo_client):
     store = ZkStore(kazoo_client)
     store.ensure_paths()
