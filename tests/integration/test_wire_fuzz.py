@@ -3,7 +3,10 @@
 Every RPC method (the service's, and the follower path /replikafka.ReplicaData/Fetch)
 gets random bytes, truncated and bit-flipped valid requests, and valid requests with
 hostile values (huge and negative numbers, illegal names, claimed replica ids and
-epochs, forged controllers). The bar: no broker dies; every refused request gets a
+epochs, forged controllers). So do the Arrow Flight calls that carry data: DoGet
+tickets and DoPut commands (the producer's default path), and DoPut streams whose
+batches do not match their CRC-32C or are not valid Arrow (offsets past the data,
+null counts past the length). The bar: no broker dies; every refused request gets a
 named error (``CODE: message``, never UNKNOWN_SERVER_ERROR); nothing acknowledged is
 lost or changed; replication of the producer's partitions never stalls (their ISR
 stays whole and acknowledgements keep coming during the fuzz).
@@ -16,16 +19,24 @@ is an administrator's right on a cluster without ACLs.
 """
 from __future__ import annotations
 
+import collections
 import random
 import time
 
 import grpc
+import json
+import pyarrow as pa
+import pyarrow.flight as fl
 import pytest
 
 import replikafka
 from cluster_helpers import BackgroundProducer, read_committed, wait_until
 from replikafka import records as R
 from replikafka.broker import replica_fetch_codec
+from replikafka.broker.storage.batch_format import body_crc32c
+from replikafka.client.connection import ConnectionPool, parse_bootstrap
+from replikafka.client.metadata import ClusterMetadata
+from replikafka.protocol import flight_produce, flight_ticket
 from replikafka.protocol import replikafka_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -158,6 +169,158 @@ def _response_errors(path: str, raw: bytes) -> list[pb.Error]:
     return [e for e in errors if e.code]
 
 
+# ---------------------------------------------------------------- Arrow Flight
+FLIGHT_CALLS = ("FlightDoGet", "FlightDoPut")
+_HOSTILE_JSON = HOSTILE_INTS + HOSTILE_NAMES + [None, True, 1.5, [], {}, [1, "x"], 2**63, -2**63 - 1]
+
+
+def _hostile_json(required: tuple, optional: tuple, rng: random.Random) -> bytes:
+    """A JSON object with the right keys (and sometimes an unknown one) holding hostile values."""
+    d = {"v": 1, "topic": OTHER_TOPIC, "partition": 0}
+    for key in required + optional:
+        if key == "v" or rng.random() < 0.5:
+            d[key] = rng.choice(_HOSTILE_JSON)
+    if rng.random() < 0.2:
+        d["surprise"] = 1
+    if rng.random() < 0.2:
+        d.pop(rng.choice(list(d)))
+    return json.dumps(d, ensure_ascii=False).encode()
+
+
+def _flip(data: bytes, rng: random.Random) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        if out:
+            i = rng.randrange(len(out))
+            out[i] ^= 1 << rng.randrange(8)
+    return bytes(out)
+
+
+def _mutated_bytes(valid: bytes, hostile, rng: random.Random) -> tuple[str, bytes]:
+    kind = rng.choice(["random", "truncated", "flipped", "hostile", "hostile", "valid"])
+    if kind == "random":
+        return kind, rng.randbytes(rng.randint(0, 400))
+    if kind == "truncated":
+        return kind, valid[:rng.randint(0, len(valid) - 1)]
+    if kind == "flipped":
+        return kind, _flip(valid, rng)
+    if kind == "hostile":
+        return kind, hostile()
+    return kind, valid
+
+
+def _invalid_batch(stored: pa.Schema, rng: random.Random) -> pa.RecordBatch:
+    """A batch of the stored schema whose value column is not valid Arrow: offsets past
+    its data, or a null count past its length (what one flipped bit did in issue 10)."""
+    good = _flight_batch(stored, 3)
+    value = good.column(good.schema.get_field_index("value"))
+    validity, offsets, data = value.buffers()
+    if rng.random() < 0.5:
+        bad_offsets = pa.py_buffer(pa.array([0, 4, 1 << 20, 8], pa.int32()).buffers()[1])
+        bad = pa.Array.from_buffers(value.type, 3, [validity, bad_offsets, data])
+    else:
+        bad = pa.Array.from_buffers(value.type, 3, [validity, offsets, data], null_count=7)
+    cols = [bad if f.name == "value" else good.column(i) for i, f in enumerate(good.schema)]
+    return pa.RecordBatch.from_arrays(cols, schema=good.schema)
+
+
+def _flight_batch(stored: pa.Schema, n: int) -> pa.RecordBatch:
+    rows = [{"key": None, "value": b"fuzz-%d" % i, "headers": None} for i in range(n)]
+    batch = R.to_record_batch(rows, R.KAFKA_SCHEMA, timestamp_ms=1)
+    return pa.RecordBatch.from_arrays(batch.columns, schema=stored)
+
+
+def _flight_named(exc: BaseException) -> bool:
+    """A refusal by our handlers: a Flight error carrying our code (``extra_info``) and
+    naming it. An exception escaping a handler reaches the client as a bare internal
+    error, even when its text happens to start with a code."""
+    extra = getattr(exc, "extra_info", None) or b""
+    code = extra.decode("ascii", "replace")
+    return isinstance(exc, fl.FlightError) and code.isupper() and code != "UNKNOWN_SERVER_ERROR" \
+        and f"{code}: " in str(exc)
+
+
+def _flight_do_get(client, partition: int, rng: random.Random) -> tuple[str, bytes, Exception | None]:
+    valid = flight_ticket.PartitionTicket(ACKED_TOPIC, partition, rng.randint(0, 50), max_bytes=1 << 16).encode()
+    kind, data = _mutated_bytes(valid, lambda: _hostile_json(flight_ticket._REQUIRED, flight_ticket._OPTIONAL,
+                                                             rng), rng)
+    try:
+        client.do_get(fl.Ticket(data), fl.FlightCallOptions(timeout=10)).read_all()
+        return kind, data, None
+    except Exception as exc:   # every failure is judged by the caller
+        return kind, data, exc
+
+
+def _flight_do_put(client, stored: pa.Schema, rng: random.Random) -> tuple[str, bytes, Exception | None]:
+    batch = _flight_batch(stored, rng.randint(1, 5))
+    crc = body_crc32c([batch], stored)[0]
+    valid = flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, (crc,)).encode()
+    kind, command = _mutated_bytes(valid, lambda: _hostile_json(flight_produce._REQUIRED, flight_produce._OPTIONAL,
+                                                                rng), rng)
+    batches, schema = [batch], stored
+    extra = rng.random()
+    if kind == "valid" and extra < 0.3:
+        kind, command = "crc-mismatch", flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, (crc ^ 1,)).encode()
+    elif kind == "valid" and extra < 0.6:
+        bad = _invalid_batch(stored, rng)
+        kind, batches = "invalid-arrow", [bad]
+        command = flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, tuple(body_crc32c([bad], stored))).encode()
+    elif kind == "valid" and extra < 0.7:
+        kind, schema = "wrong-schema", pa.schema([("value", pa.int64())])
+        batches = [pa.record_batch([pa.array([1, 2])], schema=schema)]
+    err = None
+    try:
+        writer, reader = client.do_put(fl.FlightDescriptor.for_command(command), schema,
+                                       fl.FlightCallOptions(timeout=10))
+    except Exception as exc:
+        return kind, command, exc
+    try:
+        for b in batches:
+            writer.write_batch(b)
+        writer.done_writing()
+        reader.read()
+    except Exception as exc:    # the server's answer arrives at close() when it refused mid-stream
+        err = exc
+    try:
+        writer.close()
+    except Exception as exc:
+        if err is None or not isinstance(err, fl.FlightError):
+            err = exc
+    return kind, command, err
+
+
+def _flight_clients(bootstrap: str, ids) -> dict:
+    meta = ClusterMetadata(ConnectionPool(), parse_bootstrap(bootstrap), request_timeout_ms=10_000,
+                           retry_backoff_ms=100)
+    meta.refresh(all_topics=True)
+    return {b: fl.connect(f"grpc+tcp://{meta.broker(b).listener('FLIGHT')}") for b in ids}
+
+
+def _flight_fuzz_one(call: str, clients: dict, leaders: dict, stored: pa.Schema,
+                     rng: random.Random) -> tuple[int, str, str, str | None]:
+    """One Flight call, mostly to the partition's leader: ``(broker, kind, outcome, None)``
+    when answered (outcome "ok") or refused by name (outcome: the code), else
+    ``(broker, kind, "unnamed", what went wrong)``."""
+    tp = (ACKED_TOPIC, rng.randint(0, 1)) if call == "FlightDoGet" else (OTHER_TOPIC, 0)
+    broker = leaders[tp] if rng.random() < 0.8 else rng.choice(list(clients))
+    if call == "FlightDoGet":
+        kind, data, exc = _flight_do_get(clients[broker], tp[1], rng)
+    else:
+        kind, data, exc = _flight_do_put(clients[broker], stored, rng)
+    outcome, wrong = _flight_outcome(exc, data)
+    return broker, kind, outcome, wrong
+
+
+def _flight_outcome(exc: Exception | None, data: bytes) -> tuple[str, str | None]:
+    if exc is None:
+        return "ok", None
+    if _flight_named(exc):
+        return exc.extra_info.decode(), None
+    if isinstance(exc, fl.FlightTimedOutError) and b'"max_wait_ms"' in data:
+        return "long-poll", None   # a long poll the ticket asked for (at most 30 s; this call waits 10 s)
+    return "unnamed", f"{type(exc).__name__}: {exc}"
+
+
 def run_fuzz(cluster, requests: int, seed: int) -> dict:
     bs = cluster.bootstrap_servers
     admin = replikafka.Admin(bs)
@@ -177,19 +340,32 @@ def run_fuzz(cluster, requests: int, seed: int) -> dict:
                 for b in cluster.ids}
     calls = {(b, path): ch.unary_unary(path, request_serializer=None, response_deserializer=None)
              for b, ch in channels.items() for path in METHODS}
+    flight_clients = _flight_clients(bs, cluster.ids)
+    leaders = {(t, p.partition): p.leader for t in (ACKED_TOPIC, OTHER_TOPIC)
+               for p in admin.describe_topic(t).partitions}
+    stored = R.stored_schema(R.KAFKA_SCHEMA)
     producer = BackgroundProducer(bs, ACKED_TOPIC, 2, batch=10).start()
     unnamed: list[str] = []
-    stats = {"requests": 0, "refused": 0, "ok": 0, "named_errors": 0}
+    stats = {"requests": 0, "refused": 0, "ok": 0, "named_errors": 0, "flight_calls": 0}
+    flight_outcomes: collections.Counter = collections.Counter()
     started = time.monotonic()
     acked_midway = None
     try:
         for i in range(requests):
             if i == requests // 2:
                 acked_midway = len(producer.log.acked)
-            path = rng.choice(list(METHODS))
-            kind, data = _mutate(path, rng, stale_epochs)
-            broker = rng.choice(cluster.ids)
             stats["requests"] += 1
+            if rng.random() < 0.25:
+                path = rng.choice(FLIGHT_CALLS)
+                stats["flight_calls"] += 1
+                broker, kind, outcome, wrong = _flight_fuzz_one(path, flight_clients, leaders, stored, rng)
+                flight_outcomes[f"{path} {kind} {outcome}"] += 1
+                if wrong:
+                    unnamed.append(f"{path} ({kind}) to broker {broker}: {wrong}")
+                continue
+            path = rng.choice(list(METHODS))
+            broker = rng.choice(cluster.ids)
+            kind, data = _mutate(path, rng, stale_epochs)
             try:
                 raw = calls[(broker, path)](data, timeout=10)
             except grpc.RpcError as exc:
@@ -215,6 +391,8 @@ def run_fuzz(cluster, requests: int, seed: int) -> dict:
         log = producer.stop()
         for ch in channels.values():
             ch.close()
+        for client in flight_clients.values():
+            client.close()
     assert not unnamed, f"{len(unnamed)} requests without a named error, e.g. {unnamed[:5]}"
     # Replication never stalled: acknowledgements kept coming after the midpoint, and the ISRs are whole.
     assert acked_midway is not None and len(log.acked) > acked_midway
@@ -224,6 +402,7 @@ def run_fuzz(cluster, requests: int, seed: int) -> dict:
     lost = {k: v for k, v in log.acked.items() if got.get(k) != v}
     assert not lost, f"{len(lost)} acknowledged records lost or changed, e.g. {list(lost.items())[:3]}"
     stats["acked"] = len(log.acked)
+    stats["flight_outcomes"] = dict(sorted(flight_outcomes.items()))
     stats["acked_lost"] = len(lost)
     # Logs stay useful: malformed requests are rate-limited lines (the RPC seam), never tracebacks.
     for b in cluster.ids:
