@@ -131,3 +131,36 @@ def read_committed(bootstrap: str, topic: str, partitions: int) -> dict[tuple[in
             out[(part, off)] = val
     c.close()
     return out
+
+
+# ---------------------------------------------------------------- Arrow Flight appends
+def flight_batch(values: list[bytes]) -> _pa.RecordBatch:
+    """Records with these values, in a Kafka-schema topic's stored schema (DoPut's stream schema)."""
+    from replikafka import records as R
+    batch = R.to_record_batch([{"key": None, "value": v, "headers": None} for v in values], R.KAFKA_SCHEMA,
+                              timestamp_ms=R.now_ms())
+    return _pa.RecordBatch.from_arrays(batch.columns, schema=R.stored_schema(R.KAFKA_SCHEMA))
+
+
+def flight_put(client, command: bytes, batches, schema: _pa.Schema, options=None) -> bytes:
+    """One DoPut: ``batches`` under ``command``; the broker's answer (its app_metadata).
+    A refusal raises the server's Flight error: when the broker refuses mid-stream, its
+    error comes back at ``close()``, and that is the one raised."""
+    import pyarrow.flight as fl
+    writer, reader = client.do_put(fl.FlightDescriptor.for_command(command), schema, options)
+    err = answer = None
+    try:
+        for b in batches:
+            writer.write_batch(b)
+        writer.done_writing()
+        answer = reader.read()
+    except Exception as exc:   # noqa: BLE001 - replaced by the server's error below when there is one
+        err = exc
+    try:
+        writer.close()
+    except Exception as exc:   # noqa: BLE001
+        if err is None or not isinstance(err, fl.FlightError):
+            err = exc
+    if err is not None:
+        raise err
+    return answer.to_pybytes() if answer is not None else b""

@@ -3,6 +3,7 @@ ZooKeeper ACLs): every RPC refuses unauthenticated and unauthorized callers and
 nothing changes; forged controller and follower requests are refused; ACL
 changes take effect live; bad certificates are refused with the cause named."""
 import hashlib
+import json
 import os
 import time
 
@@ -15,7 +16,7 @@ from replikafka.client.connection import ConnectionPool
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.security.certs import CertificateAuthority
 
-from cluster_helpers import kafka_batch, wait_until
+from cluster_helpers import flight_batch, flight_put, kafka_batch, wait_until
 
 pytestmark = pytest.mark.integration
 TOPIC = "orders"
@@ -220,9 +221,16 @@ def _flight(cluster, setup, cfg):
 
 
 def flight_calls(cluster, setup, before_acls: bool):
-    """DoGet, GetFlightInfo, GetSchema, ListFlights as anonymous, with a wrong password and as
-    alice; admin's GetFlightInfo gives the real tickets. Before alice's ACLs every one is refused."""
+    """DoGet, DoPut, GetFlightInfo, GetSchema, ListFlights as anonymous, with a wrong password
+    and as alice; admin's GetFlightInfo gives the real tickets. Before alice's ACLs every one
+    is refused; after them alice reads and appends."""
     import pyarrow.flight as fl
+    from replikafka import records as R
+    from replikafka.broker.storage.batch_format import body_crc32c
+    from replikafka.protocol.flight_produce import ProduceCommand
+    stored = R.stored_schema(R.KAFKA_SCHEMA)
+    put_batch = flight_batch([b"flight-put"])
+    put_command = ProduceCommand(TOPIC, 0, 1, 10_000, tuple(body_crc32c([put_batch], stored))).encode()
     descriptor = fl.FlightDescriptor.for_path(TOPIC)
     admin, admin_opts = _flight(cluster, setup, setup.client_config("admin", "SASL_SSL"))
     info = admin.get_flight_info(descriptor, admin_opts)
@@ -234,6 +242,8 @@ def flight_calls(cluster, setup, before_acls: bool):
     alice = _flight(cluster, setup, setup.client_config("alice", "SASL_SSL"))
     with pytest.raises(fl.FlightUnauthenticatedError, match="SASL_AUTHENTICATION_FAILED"):
         wrong[0].get_flight_info(descriptor, wrong[1])
+    with pytest.raises(fl.FlightUnauthenticatedError, match="SASL_AUTHENTICATION_FAILED"):
+        flight_put(wrong[0], put_command, [put_batch], stored, wrong[1])
     for client, opts in ([anonymous, alice] if before_acls else [anonymous]):
         with pytest.raises(fl.FlightUnauthorizedError, match="TOPIC_AUTHORIZATION_FAILED.*Describe on Topic 'orders'"):
             client.get_flight_info(descriptor, opts)
@@ -244,6 +254,8 @@ def flight_calls(cluster, setup, before_acls: bool):
         for ticket in tickets:
             with pytest.raises(fl.FlightUnauthorizedError, match="Read on Topic 'orders'"):
                 client.do_get(ticket, opts).read_all()
+        with pytest.raises(fl.FlightUnauthorizedError, match="Write on Topic 'orders'"):
+            flight_put(client, put_command, [put_batch], stored, opts)
     if not before_acls:
         client, opts = alice
         assert client.get_flight_info(descriptor, opts).descriptor.path == [TOPIC.encode()]
@@ -253,6 +265,10 @@ def flight_calls(cluster, setup, before_acls: bool):
             reader = fl.FlightClient(loc, **_flight_tls(setup)) if loc else client   # read at the leader
             rows += reader.do_get(e.ticket, opts).read_all().num_rows
         assert rows >= 201
+        leader_of_0 = info.endpoints[0].locations[0].uri.decode()    # the endpoints are in partition order
+        writer = fl.FlightClient(leader_of_0, **_flight_tls(setup))
+        answer = json.loads(flight_put(writer, put_command, [put_batch], stored, opts))
+        assert answer["record_count"] == 1 and answer["base_offset"] >= 101
 
 
 def _flight_tls(setup):

@@ -30,7 +30,7 @@ import pyarrow.flight as fl
 import pytest
 
 import replikafka
-from cluster_helpers import BackgroundProducer, read_committed, wait_until
+from cluster_helpers import BackgroundProducer, flight_batch, flight_put, read_committed, wait_until
 from replikafka import records as R
 from replikafka.broker import replica_fetch_codec
 from replikafka.broker.storage.batch_format import body_crc32c
@@ -212,7 +212,7 @@ def _mutated_bytes(valid: bytes, hostile, rng: random.Random) -> tuple[str, byte
 def _invalid_batch(stored: pa.Schema, rng: random.Random) -> pa.RecordBatch:
     """A batch of the stored schema whose value column is not valid Arrow: offsets past
     its data, or a null count past its length (what one flipped bit did in issue 10)."""
-    good = _flight_batch(stored, 3)
+    good = flight_batch([b"fuzz-%d" % i for i in range(3)])
     value = good.column(good.schema.get_field_index("value"))
     validity, offsets, data = value.buffers()
     if rng.random() < 0.5:
@@ -222,12 +222,6 @@ def _invalid_batch(stored: pa.Schema, rng: random.Random) -> pa.RecordBatch:
         bad = pa.Array.from_buffers(value.type, 3, [validity, offsets, data], null_count=7)
     cols = [bad if f.name == "value" else good.column(i) for i, f in enumerate(good.schema)]
     return pa.RecordBatch.from_arrays(cols, schema=good.schema)
-
-
-def _flight_batch(stored: pa.Schema, n: int) -> pa.RecordBatch:
-    rows = [{"key": None, "value": b"fuzz-%d" % i, "headers": None} for i in range(n)]
-    batch = R.to_record_batch(rows, R.KAFKA_SCHEMA, timestamp_ms=1)
-    return pa.RecordBatch.from_arrays(batch.columns, schema=stored)
 
 
 def _flight_named(exc: BaseException) -> bool:
@@ -252,7 +246,7 @@ def _flight_do_get(client, partition: int, rng: random.Random) -> tuple[str, byt
 
 
 def _flight_do_put(client, stored: pa.Schema, rng: random.Random) -> tuple[str, bytes, Exception | None]:
-    batch = _flight_batch(stored, rng.randint(1, 5))
+    batch = flight_batch([b"fuzz-%d" % i for i in range(rng.randint(1, 5))])
     crc = body_crc32c([batch], stored)[0]
     valid = flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, (crc,)).encode()
     kind, command = _mutated_bytes(valid, lambda: _hostile_json(flight_produce._REQUIRED, flight_produce._OPTIONAL,
@@ -268,25 +262,11 @@ def _flight_do_put(client, stored: pa.Schema, rng: random.Random) -> tuple[str, 
     elif kind == "valid" and extra < 0.7:
         kind, schema = "wrong-schema", pa.schema([("value", pa.int64())])
         batches = [pa.record_batch([pa.array([1, 2])], schema=schema)]
-    err = None
     try:
-        writer, reader = client.do_put(fl.FlightDescriptor.for_command(command), schema,
-                                       fl.FlightCallOptions(timeout=10))
-    except Exception as exc:
+        flight_put(client, command, batches, schema, fl.FlightCallOptions(timeout=10))
+        return kind, command, None
+    except Exception as exc:   # every failure is judged by the caller
         return kind, command, exc
-    try:
-        for b in batches:
-            writer.write_batch(b)
-        writer.done_writing()
-        reader.read()
-    except Exception as exc:    # the server's answer arrives at close() when it refused mid-stream
-        err = exc
-    try:
-        writer.close()
-    except Exception as exc:
-        if err is None or not isinstance(err, fl.FlightError):
-            err = exc
-    return kind, command, err
 
 
 def _flight_clients(bootstrap: str, ids) -> dict:
