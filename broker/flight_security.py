@@ -79,11 +79,6 @@ class FlightSecurityMiddlewareFactory(fl.ServerMiddlewareFactory):
         return FlightSecurityMiddleware(principal)
 
 
-def principal_of(context) -> str:
-    mw = context.get_middleware(MIDDLEWARE_KEY)
-    return mw.principal if mw is not None else ANONYMOUS
-
-
 def allowed(context, security, operation: str, topic: str) -> bool:
     """May this Flight call's principal do ``operation`` on ``topic``?"""
     mw = context.get_middleware(MIDDLEWARE_KEY)

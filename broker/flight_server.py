@@ -155,7 +155,7 @@ class BrokerFlightServer(fl.FlightServerBase):
                 schema = pa.schema([schema.field(c) for c in t.columns])
 
             def read(offset, max_bytes, end):
-                return part.read_committed(offset, max_bytes, t.current_leader_epoch, end)[0]
+                return part.read_committed(offset, max_bytes, t.current_leader_epoch, end).data
             batches = stream_ticket(t, read)
             head = next(batches, None)    # the first read's errors fail the call itself
             if head is None and t.max_wait_ms and (t.end_offset < 0 or t.end_offset > t.start_offset):

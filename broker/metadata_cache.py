@@ -91,10 +91,6 @@ class MetadataCache:
         with self.lock:
             return sorted(self.topics)
 
-    def live_broker_ids(self) -> list[int]:
-        with self.lock:
-            return sorted(self.brokers)
-
     def wait_for(self, predicate, timeout_s: float) -> bool:
         with self.lock:
             return self.changed.wait_for(lambda: predicate(self), timeout=timeout_s)

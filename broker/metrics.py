@@ -99,10 +99,6 @@ class ReplicaStats(Collector):
             elif new_size > old_size:
                 self.isr_expands += 1
 
-    def forget_topic(self, topic: str) -> None:
-        with self._lock:
-            self._topics.pop(topic, None)
-
     def snapshot(self) -> tuple[dict[str, tuple[int, ...]], int, int]:
         with self._lock:
             return {t: tuple(r) for t, r in self._topics.items()}, self.isr_shrinks, self.isr_expands
@@ -438,7 +434,3 @@ class BrokerMetrics:
     def observe_request(self, method: str, seconds: float, error_code: str = "") -> None:
         """For request paths outside the gRPC pipeline (Arrow Flight reads): one call per request."""
         self.requests.observe(method, seconds, error_code)
-
-    def exposition(self) -> bytes:
-        from prometheus_client import generate_latest
-        return generate_latest(self.registry)

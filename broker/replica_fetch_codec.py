@@ -9,9 +9,12 @@ follower), so its response skips protobuf for the record data::
     records_size bytes    for each partition, in header order: its stored batches,
                           verbatim (an Arrow IPC stream, as ``Log.read_raw`` returns)
 
-The leader joins header and batches in one copy; the follower slices the batches
-out of the received bytes without copying (``pyarrow.Buffer`` slices). The
-request is a plain ``FetchRequest``. Pure functions, thread-safe.
+On the leader the batches are copied twice: ``Log.read_raw`` joins the stored
+messages into one ``bytes`` (out of the segment files' maps, which a truncation
+or a retention deletion may close while gRPC still sends the answer), and
+:func:`encode` joins header and batches into the response. The follower slices
+the batches out of the received bytes without copying (``pyarrow.Buffer``
+slices). The request is a plain ``FetchRequest``. Pure functions, thread-safe.
 """
 from __future__ import annotations
 

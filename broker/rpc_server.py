@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 from kazoo.exceptions import KazooException
 
 from replikafka import errors as E
-from replikafka.broker import replica_fetch_codec
+from replikafka.broker import replica_fetch_codec, replica_rpc
 from replikafka.broker.wire_limits import WireLimits, check_request_entries
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import abort, to_pb
@@ -332,24 +332,20 @@ class BrokerServicer:
         return response
 
     def Produce(self, request, ctx: RequestContext):
-        return self.rm.produce(request)
+        return replica_rpc.produce_response(self.rm.produce(replica_rpc.produce_request(request)))
 
     def Fetch(self, request, ctx: RequestContext):
-        return self.rm.fetch(request, ctx.is_active)
+        return replica_rpc.fetch(self.rm, request, ctx.is_active)
 
     def ReplicaFetch(self, request, ctx: RequestContext):
         """A follower's fetch, answered in the ``replica_fetch_codec`` format."""
-        if request.replica_id < 0:
-            raise E.InvalidRequestError(f"{replica_fetch_codec.PATH} is for followers (replica_id >= 0), "
-                                        f"got replica_id {request.replica_id}")
-        batches: list[bytes] = []
-        return self.rm.fetch(request, ctx.is_active, batches_out=batches), batches
+        return replica_rpc.follower_fetch(self.rm, request, ctx.is_active)
 
     def ListOffsets(self, request, ctx: RequestContext):
-        return self.rm.list_offsets(request)
+        return replica_rpc.list_offsets(self.rm, request)
 
     def OffsetsForLeaderEpoch(self, request, ctx: RequestContext):
-        return self.rm.offsets_for_leader_epoch(request)
+        return replica_rpc.offsets_for_leader_epoch(self.rm, request)
 
     def InitProducerId(self, request, ctx: RequestContext):
         pid, epoch = self.admin.init_producer_id()
@@ -396,7 +392,7 @@ class BrokerServicer:
             return pb.LeaderAndIsrResponse(error=to_pb(refusal))
         request, refused = self.broker.control_guard.filter_leader_and_isr(request)
         try:
-            out = self.rm.leader_and_isr(request)
+            out = replica_rpc.leader_and_isr(self.rm, self.broker.metadata, request)
         except E.StaleControllerEpochError as exc:
             return pb.LeaderAndIsrResponse(error=to_pb(exc))
         out.partitions.extend(refused)
@@ -409,7 +405,7 @@ class BrokerServicer:
         guard = self.broker.control_guard
         request = guard.filter_update_metadata(request, self.broker.metadata.topic_names())
         self.broker.metadata.update(request)
-        self.rm.remove_unassigned(request, lambda tps: guard.deletable_here(self.rm.broker_id, tps))
+        replica_rpc.remove_unassigned(self.rm, request, lambda tps: guard.deletable_here(self.rm.broker_id, tps))
         self.rm.notify_data()
         return pb.UpdateMetadataResponse()
 
@@ -426,7 +422,7 @@ class BrokerServicer:
             return pb.StopReplicaResponse(error=to_pb(refusal))
         request, refused = self.broker.control_guard.filter_stop_replica(request, self.rm.broker_id)
         try:
-            out = self.rm.stop_replica(request)
+            out = replica_rpc.stop_replica(self.rm, request)
         except E.StaleControllerEpochError as exc:
             return pb.StopReplicaResponse(error=to_pb(exc))
         out.partitions.extend(refused)

@@ -31,7 +31,8 @@ from replikafka.broker.flight_security import flight_server_options
 from replikafka.broker.flight_server import BrokerFlightServer
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.metrics import BrokerMetrics, flight_middleware_factory
-from replikafka.broker.replica.replica_fetcher import GrpcLeaderEndpoint, ReplicaFetcherManager
+from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
+from replikafka.broker.replica_rpc import GrpcLeaderEndpoint, list_offsets
 from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
@@ -316,7 +317,7 @@ class BrokerServer:
             req = pb.ListOffsetsRequest(partitions=[pb.ListOffsetsPartition(
                 topic=topic, partition=p, timestamp_ms=-1, current_leader_epoch=-1) for p in parts])
             try:
-                resp = (self.replica_manager.list_offsets(req) if leader == self.broker_id else
+                resp = (list_offsets(self.replica_manager, req) if leader == self.broker_id else
                         pbg.ReplikafkaStub(self._offset_channel(leader)).ListOffsets(req, timeout=timeout_s))
             except grpc.RpcError as exc:
                 for p in parts:

@@ -304,9 +304,6 @@ class ZkStore:
             if isinstance(r, Exception):
                 raise r
 
-    def set_assignment(self, topic: str, assignment: dict[int, list[int]]) -> None:
-        self.zk.set(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}))
-
     def update_assignment(self, topic: str, changes: dict[int, list[int]]) -> dict[int, list[int]] | None:
         """Replace some partitions' replicas in a topic's assignment: read-modify-write on the
         znode version (an admin adding partitions meanwhile is not overwritten). Returns the

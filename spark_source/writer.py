@@ -254,7 +254,7 @@ class ChunkSender:
                     f"{chunk.topic}-{chunk.partition}: chunk {chunk.label} of this task was written before with "
                     "different rows; the sink's exactly-once replay needs each task to see the same rows in the "
                     f"same order on every attempt ({err.message})")
-            if err is not None and err.code != "DUPLICATE_SEQUENCE_NUMBER":
+            if err is not None:
                 raise err
         except E.ReplikafkaError as exc:
             if not exc.retriable or time.monotonic() > deadline:

@@ -95,6 +95,3 @@ class StateMachine:
     def forget(self, keys: Iterable) -> None:
         for key in keys:
             self.states.pop(key, None)
-
-    def keys_in(self, state) -> list:
-        return [k for k, s in self.states.items() if s == state]

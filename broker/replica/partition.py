@@ -1,9 +1,14 @@
 """One partition on this broker: its log, its role, and the shell around the
-pure :class:`LeaderState` (HW, ISR) and :class:`ProducerStateManager`.
+pure :class:`LeaderState` / :class:`FollowerState` (HW, ISR, assignment, znode
+version) and :class:`ProducerStateManager`.
 
-Thread-safe: one lock per partition guards role, log mutations and state;
-``cond`` is notified whenever the LEO or the HW moves, which wakes acks=all
-waiters and long-polling fetches.
+Each fact has one owner: while this replica leads, HW, ISR, replicas and the znode
+version live in its ``LeaderState``; otherwise in its ``FollowerState``. A role
+change hands them over; nothing here keeps a second copy.
+
+Thread-safe: one lock per partition guards role, log mutations and state (lock
+order: package docstring); ``cond`` is notified whenever the LEO or the HW moves,
+which wakes acks=all waiters and long-polling fetches.
 """
 from __future__ import annotations
 
@@ -11,21 +16,43 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from replikafka import errors as E
-from replikafka.broker.replica.partition_state import LeaderState
+from replikafka.broker.replica.partition_state import FollowerState, LeaderState
 from replikafka.broker.replica.producer_state import NO_PRODUCER_ID, Duplicate, ProducerStateManager
 
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 log = logging.getLogger("replikafka.partition")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProduceResult:
     first_offset: int
     last_offset: int
     record_count: int
     duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class ReplicaRead:
+    """A read's outcome: ``data`` (stored batches for a consumer, raw bytes for a
+    replica, None when there is nothing to return) and the offsets it was read at."""
+    data: Any
+    high_watermark: int
+    log_end_offset: int
+    log_start_offset: int
+
+
+@dataclass(frozen=True)
+class LeaderOffsets:
+    """What a leader answers ListOffsets with; ``hw_known`` False while a new leader's
+    HW may still be below what its predecessor showed (KIP-207, :meth:`LeaderState.client_hw`)."""
+    high_watermark: int
+    log_end_offset: int
+    log_start_offset: int
+    leader_epoch: int
+    hw_known: bool
 
 
 class Partition:
@@ -40,12 +67,8 @@ class Partition:
         self.role = NONE
         self.leader_id = -1
         self.leader_epoch = -1
-        self.replicas: tuple[int, ...] = ()
-        self.isr: tuple[int, ...] = ()
-        self.zk_version = -1
         self.controller_epoch = -1
-        self.leader_state: LeaderState | None = None
-        self._hw = min(hw, log.log_end_offset)
+        self.state: LeaderState | FollowerState = FollowerState((), (), -1, min(hw, log.log_end_offset))
         # Rebuilt from the log's batch headers on first use, not here: a broker taking
         # up 50,000 partitions at start-up would read every batch header of every log.
         self._producers: ProducerStateManager | None = None
@@ -74,9 +97,30 @@ class Partition:
     def tp(self) -> tuple[str, int]:
         return (self.topic, self.partition)
 
+    # The facts, read from their one owner (``state``).
     @property
     def hw(self) -> int:
-        return self.leader_state.hw if self.leader_state is not None else self._hw
+        return self.state.hw
+
+    @property
+    def isr(self) -> tuple[int, ...]:
+        return self.state.isr
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        return self.state.replicas
+
+    @property
+    def zk_version(self) -> int:
+        return self.state.zk_version
+
+    @property
+    def leader_state(self) -> LeaderState | None:
+        return self.state if isinstance(self.state, LeaderState) else None
+
+    def _hand_over(self, replicas, isr, zk_version: int) -> None:
+        """Leave leadership (or stay a follower): the facts move to a FollowerState."""
+        self.state = FollowerState(tuple(replicas), tuple(isr), zk_version, self.state.hw)
 
     # ------------------------------------------------------------ role changes
     def make_leader(self, leader_epoch: int, isr, replicas, zk_version: int, controller_epoch: int) -> bool:
@@ -87,21 +131,20 @@ class Partition:
             now = self.clock.time_ms()
             if self.role == LEADER and leader_epoch == self.leader_epoch:
                 # Same epoch: only the ISR or its znode version moved (a shrink can commit).
-                if zk_version < self.zk_version:
+                st = self.state
+                if zk_version < st.zk_version:
                     return True  # older than the ISR we wrote ourselves since: keep ours
-                self.leader_state.on_replicas_changed(tuple(replicas), now)
-                self.leader_state.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
-                self.isr, self.zk_version, self.replicas = tuple(isr), zk_version, tuple(replicas)
+                st.on_replicas_changed(tuple(replicas), now)
+                st.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
                 self.cond.notify_all()
                 return True
             leo = self.log.log_end_offset
             self.log.leader_epoch_cache.assign(leader_epoch, leo)
             self.role, self.leader_id, self.leader_epoch = LEADER, self.broker_id, leader_epoch
-            self.isr, self.replicas, self.zk_version = tuple(isr), tuple(replicas), zk_version
             self.controller_epoch = controller_epoch
-            self.leader_state = LeaderState(self.broker_id, leader_epoch, tuple(replicas), tuple(isr), zk_version,
-                                            hw=min(self.hw, leo), epoch_start_offset=leo, now_ms=now)
-            self.leader_state.maybe_advance_hw(leo)
+            self.state = LeaderState(self.broker_id, leader_epoch, tuple(replicas), tuple(isr), zk_version,
+                                     hw=min(self.hw, leo), epoch_start_offset=leo, now_ms=now)
+            self.state.maybe_advance_hw(leo)
             self.cond.notify_all()
             return True
 
@@ -110,24 +153,21 @@ class Partition:
         """Become a follower of ``leader``. Returns True when fetching must (re)start
         (new leader or new epoch), False for a stale or repeated request."""
         with self.lock:
-            if leader_epoch < self.leader_epoch or (leader_epoch == self.leader_epoch and self.role == FOLLOWER
-                                                    and leader == self.leader_id):
-                self.isr, self.zk_version = tuple(isr), zk_version
+            if leader_epoch < self.leader_epoch:
+                return False  # stale: its ISR is older than what we know
+            if leader_epoch == self.leader_epoch and self.role == FOLLOWER and leader == self.leader_id:
+                self.state.isr, self.state.zk_version = tuple(isr), zk_version   # a repeat: learn the ISR
                 return False
-            if self.leader_state is not None:
-                self._hw = self.leader_state.hw
             self.role, self.leader_id, self.leader_epoch = FOLLOWER, leader, leader_epoch
-            self.isr, self.replicas, self.zk_version = tuple(isr), tuple(replicas), zk_version
+            self._hand_over(replicas, isr, zk_version)
             self.controller_epoch = controller_epoch
-            self.leader_state = None
             self.cond.notify_all()
             return leader >= 0
 
     def stop(self) -> None:
         with self.lock:
-            if self.leader_state is not None:
-                self._hw = self.leader_state.hw
-            self.role, self.leader_state = NONE, None
+            self.role = NONE
+            self._hand_over(self.replicas, self.isr, self.zk_version)
             self.cond.notify_all()
 
     def check_epoch(self, current_leader_epoch: int) -> None:
@@ -142,11 +182,11 @@ class Partition:
                 f"{self.topic}-{self.partition}: request epoch {current_leader_epoch} > known {self.leader_epoch}")
 
     def _require_leader(self) -> LeaderState:
-        if self.role != LEADER or self.leader_state is None:
+        if self.role != LEADER or not isinstance(self.state, LeaderState):
             raise E.NotLeaderOrFollowerError(
                 f"broker {self.broker_id} is not the leader of {self.topic}-{self.partition} "
                 f"(leader is {self.leader_id})")
-        return self.leader_state
+        return self.state
 
     # ------------------------------------------------------------ leader: produce
     def append_as_leader(self, batches, acks: int, min_insync: int, producer_id: int = -1,
@@ -194,7 +234,7 @@ class Partition:
             while True:
                 if self.committed(offset_exclusive, min_insync):
                     return
-                st = self.leader_state
+                st = self.state
                 left = deadline_ms - self.clock.time_ms()
                 if left <= 0:
                     raise E.RequestTimedOutError(
@@ -202,10 +242,10 @@ class Partition:
                 self.cond.wait(min(left, 100) / 1000.0)
 
     # ------------------------------------------------------------ leader: reads
-    def read_committed(self, offset: int, max_bytes: int, current_leader_epoch: int, end: int | None = None):
+    def read_committed(self, offset: int, max_bytes: int, current_leader_epoch: int,
+                       end: int | None = None) -> ReplicaRead:
         """Consumers (Fetch and Flight): the stored batches holding [offset, min(end, HW)),
-        verbatim (``Log.read_stored``); [HW, LEO] gives None. Returns (result, HW, LEO, log
-        start). While a new leader's HW is not known yet (:meth:`LeaderState.client_hw`)
+        verbatim (``Log.read_stored``); [HW, LEO] gives None. While a new leader's HW is not known yet (:meth:`LeaderState.client_hw`)
         the answer is empty with HW -1: the reader waits and asks again, and never sees
         its HW go back."""
         with self.lock:
@@ -216,8 +256,8 @@ class Partition:
             raise E.OffsetOutOfRangeError(
                 f"{self.topic}-{self.partition}: offset {offset} is outside [{lso}, {leo}]")
         if offset >= hw:
-            return None, hw, leo, lso
-        return self.log.read_stored(offset, max_bytes, hw if end is None else min(end, hw)), hw, leo, lso
+            return ReplicaRead(None, hw, leo, lso)
+        return ReplicaRead(self.log.read_stored(offset, max_bytes, hw if end is None else min(end, hw)), hw, leo, lso)
 
     def wait_committed_past(self, offset: int, timeout_s: float) -> None:
         """A reader's long poll (a Flight DoGet): return once the HW readers may see
@@ -234,7 +274,8 @@ class Partition:
                     return
                 self.cond.wait(left)
 
-    def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, current_leader_epoch: int):
+    def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, current_leader_epoch: int
+                          ) -> ReplicaRead:
         """A follower's fetch: records its LEO (may move the HW), returns raw batches."""
         with self.lock:
             st = self._require_leader()
@@ -249,9 +290,9 @@ class Partition:
                 self.cond.notify_all()
             hw = st.hw
         raw = self.log.read_raw(offset, max_bytes) if offset < leo else None
-        return raw, hw, leo, lso
+        return ReplicaRead(raw, hw, leo, lso)
 
-    def read_for_debugging(self, offset: int, max_bytes: int, current_leader_epoch: int):
+    def read_for_debugging(self, offset: int, max_bytes: int, current_leader_epoch: int) -> ReplicaRead:
         """A debugging fetch (replica id -2, as replica-verification sends): this
         replica's own stored batches, verbatim, from the one holding ``offset``
         (from the log start if ``offset`` is below it; none at or past the LEO),
@@ -262,16 +303,15 @@ class Partition:
             hw, leo, lso = self.hw, self.log.log_end_offset, self.log.log_start_offset
         start = max(offset, lso)
         raw = self.log.read_raw(start, max_bytes) if start < leo else None
-        return raw, hw, leo, lso
+        return ReplicaRead(raw, hw, leo, lso)
 
-    def leader_offsets(self, current_leader_epoch: int) -> tuple[int, int, int, int, bool]:
-        """As the leader, checking the caller's epoch: (HW, LEO, log start, leader epoch,
-        whether readers may be shown the HW yet: :meth:`LeaderState.client_hw`)."""
+    def leader_offsets(self, current_leader_epoch: int) -> LeaderOffsets:
+        """As the leader, checking the caller's epoch."""
         with self.lock:
             st = self._require_leader()
             self.check_epoch(current_leader_epoch)
-            return st.hw, self.log.log_end_offset, self.log.log_start_offset, self.leader_epoch, \
-                st.client_hw() >= 0
+            return LeaderOffsets(st.hw, self.log.log_end_offset, self.log.log_start_offset, self.leader_epoch,
+                                 st.client_hw() >= 0)
 
     def end_offset_for_epoch(self, epoch: int, current_leader_epoch: int) -> tuple[int, int]:
         """OffsetsForLeaderEpoch, as the leader (KIP-279)."""
@@ -294,9 +334,11 @@ class Partition:
             if new is None:
                 return None
             st.pending_isr = new
-            return new, st, self.leader_epoch, self.zk_version, self.controller_epoch
+            return new, st, self.leader_epoch, st.zk_version, self.controller_epoch
 
     def isr_change_done(self, isr, zk_version: int | None, decided_in=None) -> None:
+        """Our ISR write of a change decided in ``decided_in`` was applied as ``zk_version``
+        (None: refused). Also how a leader learns a newer version of its own epoch's ISR."""
         with self.lock:
             st = self.leader_state
             if st is None or (decided_in is not None and st is not decided_in):
@@ -304,7 +346,6 @@ class Partition:
             if zk_version is None:
                 st.pending_isr = None
                 return
-            self.isr, self.zk_version = tuple(isr), zk_version
             st.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
             self.cond.notify_all()
 
@@ -324,8 +365,8 @@ class Partition:
                     self._producers.update(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count,
                                           h.base_offset, self.clock.time_ms())
             new_hw = min(leader_hw, self.log.log_end_offset)
-            if new_hw > self._hw:
-                self._hw = new_hw
+            if new_hw > self.state.hw:
+                self.state.hw = new_hw
             self.cond.notify_all()
             return n
 
@@ -340,7 +381,8 @@ class Partition:
                 self.log.truncate_to(offset)
                 if self._producers is not None:
                     self._producers.truncate_to(offset)
-            self._hw = min(self._hw, self.log.log_end_offset)
+            if self.leader_state is None:  # (a leader's HW is never above its LEO)
+                self.state.hw = min(self.state.hw, self.log.log_end_offset)
             return True
 
     def reset_to(self, offset: int, expected_epoch: int | None = None) -> None:
@@ -350,4 +392,4 @@ class Partition:
                 return
             self.log.truncate_fully_and_start_at(offset)
             self._producers = ProducerStateManager()
-            self._hw = offset
+            self.state.hw = offset

@@ -19,6 +19,18 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class FollowerState:
+    """What a follower (or a stopped replica) knows of its partition: the assignment and
+    ISR the controller last sent, their znode version, and its own HW (learnt from the
+    leader's fetch answers, never above its LEO). :class:`LeaderState` holds the same
+    facts while this replica leads: a partition has one or the other, never both."""
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    zk_version: int
+    hw: int
+
+
+@dataclass
 class ReplicaProgress:
     leo: int = -1                    # unknown until the follower fetches under this epoch
     last_caught_up_ms: int = 0

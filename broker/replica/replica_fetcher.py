@@ -14,43 +14,22 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import grpc
-
-from replikafka.broker import replica_fetch_codec
-from replikafka.errors import StorageError
+from replikafka import errors as E
+from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
-from replikafka.protocol import replikafka_pb2 as pb
-from replikafka.client.connection import open_channel, target_of
-from replikafka.protocol import replikafka_pb2_grpc as pbg
 
 log = logging.getLogger("replikafka.fetcher")
 TRUNCATION_ROUNDS_MAX = 16
 
 
 class LeaderEndpoint(Protocol):
-    def fetch(self, request: pb.FetchRequest, timeout_s: float) -> pb.FetchResponse: ...
-    def offsets_for_leader_epoch(self, request: pb.OffsetsForLeaderEpochRequest,
-                                 timeout_s: float) -> pb.OffsetsForLeaderEpochResponse: ...
+    """A follower's way to its leader, in plain data (the gRPC one, with the follower
+    wire codec, is ``broker/replica_rpc.py``'s). A call that cannot reach the leader
+    raises a :class:`replikafka.errors.ReplikafkaError`."""
+    def fetch(self, request: M.FetchRequest, timeout_s: float) -> list[M.FetchPartitionResult]: ...
+    def offsets_for_leader_epoch(self, replica_id: int, queries: list[M.EpochQuery],
+                                 timeout_s: float) -> list[M.EpochEndOffset]: ...
     def close(self) -> None: ...
-
-
-class GrpcLeaderEndpoint:
-    def __init__(self, host: str, port: int, credentials: grpc.ChannelCredentials | None = None):
-        self.channel = open_channel(target_of(host, port), credentials)
-        self.stub = pbg.ReplikafkaStub(self.channel)
-        self._fetch = self.channel.unary_unary(replica_fetch_codec.PATH,
-                                               request_serializer=pb.FetchRequest.SerializeToString,
-                                               response_deserializer=replica_fetch_codec.decode)
-
-    def fetch(self, request, timeout_s):
-        """The follower fetch: batches arrive as zero-copy slices of the response."""
-        return self._fetch(request, timeout=timeout_s)
-
-    def offsets_for_leader_epoch(self, request, timeout_s):
-        return self.stub.OffsetsForLeaderEpoch(request, timeout=timeout_s)
-
-    def close(self):
-        self.channel.close()
 
 
 @dataclass
@@ -120,8 +99,8 @@ class ReplicaFetcher:
             try:
                 if not self.do_work():
                     time.sleep(self.backoff_s)
-            except grpc.RpcError as exc:
-                log.debug("fetch from broker %d failed: %s", self.leader_id, exc.code())
+            except E.ReplikafkaError as exc:   # the leader is unreachable (or refused the whole request)
+                log.debug("fetch from broker %d failed: %s", self.leader_id, exc)
                 time.sleep(self.backoff_s)
             except Exception:
                 log.exception("replica fetcher for leader %d", self.leader_id)
@@ -157,17 +136,15 @@ class ReplicaFetcher:
         for _round in range(TRUNCATION_ROUNDS_MAX):
             if not asks:
                 return
-            req = pb.OffsetsForLeaderEpochRequest(replica_id=self.broker_id, partitions=[
-                pb.EpochQuery(topic=t, partition=p, current_leader_epoch=states[(t, p)].leader_epoch,
-                              leader_epoch=e) for (t, p), e in asks.items()])
-            resp = self.endpoint.offsets_for_leader_epoch(req, self.timeout_s)
+            queries = [M.EpochQuery(t, p, e, states[(t, p)].leader_epoch) for (t, p), e in asks.items()]
+            answers = self.endpoint.offsets_for_leader_epoch(self.broker_id, queries, self.timeout_s)
             next_asks = {}
-            for r in resp.partitions:
+            for r in answers:
                 tp = (r.topic, r.partition)
                 part = self.lookup(tp)
                 if part is None or tp not in asks:
                     continue
-                if r.error.code:
+                if r.error is not None:
                     log.debug("OffsetsForLeaderEpoch %s: %s", tp, r.error.code)
                     continue  # retried next round (new LeaderAndIsr may come)
                 cache = part.log.leader_epoch_cache
@@ -201,24 +178,22 @@ class ReplicaFetcher:
             if part is None:
                 continue
             cache = part.log.leader_epoch_cache
-            parts.append(pb.FetchPartition(topic=tp[0], partition=tp[1], fetch_offset=part.log.log_end_offset,
-                                           current_leader_epoch=s.leader_epoch, partition_max_bytes=self.max_bytes,
-                                           last_fetched_epoch=cache.latest_epoch))
+            parts.append(M.FetchPartition(tp[0], tp[1], part.log.log_end_offset, s.leader_epoch, self.max_bytes,
+                                          cache.latest_epoch))
         if not parts:
             return False
-        req = pb.FetchRequest(replica_id=self.broker_id, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
-                              max_bytes=self.response_max_bytes, partitions=parts, replica_epoch=self.broker_epoch())
-        resp = self.endpoint.fetch(req, self.timeout_s + self.max_wait_ms / 1000.0)
+        req = M.FetchRequest(self.broker_id, tuple(parts), max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
+                             max_bytes=self.response_max_bytes, replica_epoch=self.broker_epoch())
+        results = self.endpoint.fetch(req, self.timeout_s + self.max_wait_ms / 1000.0)
         failed = 0
-        for r in resp.partitions:
+        for r in results:
             tp = (r.topic, r.partition)
             part = self.lookup(tp)
             s = states.get(tp)
             if part is None or s is None:
                 continue
-            code = r.error.code
-            failed += bool(code)
-            if code == "OFFSET_OUT_OF_RANGE":
+            failed += r.error is not None
+            if isinstance(r.error, E.OffsetOutOfRangeError):
                 if part.log.log_end_offset < r.log_start_offset:
                     part.reset_to(r.log_start_offset, s.leader_epoch)
                 else:
@@ -226,14 +201,14 @@ class ReplicaFetcher:
                         if tp in self.states:
                             self.states[tp].truncating = True
                 continue
-            if code:
+            if r.error is not None:
                 # FENCED/UNKNOWN epoch, NOT_LEADER: wait for the controller's next LeaderAndIsr.
                 continue
             if self._isolated(tp, part.append_as_follower, r.records if r.record_count else None,
                               r.high_watermark, s.leader_epoch) is None:
                 failed += 1
             s.leader_log_end = r.log_end_offset
-        return failed < len(resp.partitions)
+        return failed < len(results)
 
     def _isolated(self, tp, action, *args):
         """``action(*args)`` for one partition; if it raises, that partition alone sits
@@ -244,7 +219,7 @@ class ReplicaFetcher:
         except Exception as exc:  # anything: the other partitions of this leader must keep replicating
             log.error("follower %d: %s-%d from leader %d failed and waits %.1fs: %s: %s", self.broker_id, tp[0],
                       tp[1], self.leader_id, self.backoff_s, type(exc).__name__, exc)
-            if isinstance(exc, (StorageError, OSError)):
+            if isinstance(exc, (E.StorageError, OSError)):
                 self.on_storage_error(tp, exc)
             with self.lock:
                 st = self.states.get(tp)

@@ -3,8 +3,11 @@ StopReplica from the controller, Produce / Fetch / ListOffsets /
 OffsetsForLeaderEpoch from clients and followers, ISR maintenance as a leader
 (conditional ZooKeeper writes), HW checkpoints.
 
-Thread-safe: ``lock`` guards the partition map and the controller epoch; each
-Partition has its own lock. Long-polling fetches wait on ``data_arrived``.
+Takes and returns the plain data of ``messages.py`` (the RPC layer,
+``broker/replica_rpc.py``, converts protobuf). Thread-safe: ``lock`` guards the
+partition map and the controller epoch; each Partition has its own lock; the
+lock order is in the package docstring. Long-polling fetches wait on
+``data_arrived``.
 """
 from __future__ import annotations
 
@@ -17,11 +20,10 @@ from replikafka import errors as E
 from replikafka import records as R
 from replikafka.broker import state_change_log
 from replikafka.broker.metrics import ReplicaStats
+from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.partition import LEADER, Partition
 from replikafka.broker.storage.log import clip_stored
 from replikafka.broker.zk_store import LeaderAndIsr
-from replikafka.protocol import replikafka_pb2 as pb
-from replikafka.protocol.rpc_errors import to_pb
 
 log = logging.getLogger("replikafka.replica_manager")
 state_log = logging.getLogger("replikafka.state.change")
@@ -102,47 +104,48 @@ class ReplicaManager:
                     f"{self.broker_id}")
             self.controller_epoch = epoch
 
-    def check_broker_epoch(self, req) -> None:
+    def check_broker_epoch(self, broker_epoch: int) -> None:
         """KIP-380: a controller request decided for an earlier registration of this
         broker (a LeaderAndIsr queued before it crashed and restarted, delivered by the
         controller's retrying channel) would hand the new process roles decided for a
         log it may no longer have (an unflushed tail lost in the crash)."""
-        if req.broker_epoch > 0 and self.registered_epoch > 0 and req.broker_epoch != self.registered_epoch:
+        if broker_epoch > 0 and self.registered_epoch > 0 and broker_epoch != self.registered_epoch:
             raise E.StaleBrokerEpochError(
-                f"controller request for broker {self.broker_id} epoch {req.broker_epoch}, but this broker "
+                f"controller request for broker {self.broker_id} epoch {broker_epoch}, but this broker "
                 f"registered as epoch {self.registered_epoch}")
 
-    def leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
-        """Take up the roles in ``req``. A failover hands one broker thousands of
-        partitions at once, so the fetcher changes and the state-change log lines are
-        done once per request, not once per partition. As in Kafka, partitions that
-        become leaders leave their fetchers before they lead, and requests are handled
-        one at a time (a controller's retry of a slow request waits for the first)."""
+    def leader_and_isr(self, req: M.LeaderAndIsrRequest, accepted=lambda: None) -> M.ControllerRequestResult:
+        """Take up the roles in ``req``. ``accepted()`` runs once the request passed the
+        epoch checks, before any role changes (the RPC layer applies it to the metadata
+        cache there). A failover hands one broker thousands of partitions at once, so
+        the fetcher changes and the state-change log lines are done once per request,
+        not once per partition. As in Kafka, partitions that become leaders leave their
+        fetchers before they lead, and requests are handled one at a time (a
+        controller's retry of a slow request waits for the first)."""
         started = time.monotonic()
         self.check_controller_epoch(req.controller_epoch)
         try:
-            self.check_broker_epoch(req)
+            self.check_broker_epoch(req.broker_epoch)
         except E.StaleBrokerEpochError as exc:
             log.info("LeaderAndIsr from controller %d refused: %s", req.controller_id, exc)
-            return pb.LeaderAndIsrResponse(error=to_pb(exc))
-        topics = {t.name: t for t in req.topics}
-        out = pb.LeaderAndIsrResponse()
+            return M.ControllerRequestResult(error=exc)
+        out = M.ControllerRequestResult()
         if self.shutting_down:
-            self.metadata.apply_leader_and_isr(req)
+            accepted()
             log.info("LeaderAndIsr from controller %d ignored: this broker is shutting down", req.controller_id)
             return out
         logging_on = state_change_log.enabled()
         lines: list[str] = []
         with self.role_change_lock:
-            self.metadata.apply_leader_and_isr(req)
-            mine: list[tuple[pb.PartitionState, Partition]] = []
+            accepted()
+            mine: list[tuple[M.PartitionRole, Partition]] = []
             for s in req.partitions:
                 if self.broker_id not in s.replicas:
                     continue
                 try:
-                    mine.append((s, self._get_or_create((s.topic, s.partition), topics.get(s.topic))))
+                    mine.append((s, self._get_or_create(s.tp, req.topics.get(s.topic))))
                 except E.ReplikafkaError as exc:
-                    out.partitions.append(pb.PartitionError(topic=s.topic, partition=s.partition, error=to_pb(exc)))
+                    out.partition_errors.append((s.tp, exc))
             # Not stale (make_leader refuses an older epoch): stop following first.
             self.fetchers.remove_partitions([part.tp for s, part in mine if s.leader == self.broker_id
                                              and s.leader_epoch >= part.leader_epoch])
@@ -163,7 +166,7 @@ class ReplicaManager:
                             lines.append(f"broker {self.broker_id}: {tp[0]}-{tp[1]} becomes FOLLOWER of {s.leader} "
                                          f"epoch {s.leader_epoch} (controller epoch {req.controller_epoch})")
                     except E.ReplikafkaError as exc:
-                        out.partitions.append(pb.PartitionError(topic=tp[0], partition=tp[1], error=to_pb(exc)))
+                        out.partition_errors.append((tp, exc))
             finally:  # the roles taken so far get their fetchers even if one partition failed oddly
                 self.fetchers.remove_partitions(unfollow)
                 self.fetchers.add_partitions(follow)
@@ -189,7 +192,7 @@ class ReplicaManager:
             unfollow.append(part.tp)
         return False
 
-    def _get_or_create(self, tp: TP, info: pb.TopicInfo | None) -> Partition:
+    def _get_or_create(self, tp: TP, info: M.TopicInfo | None) -> Partition:
         with self.lock:
             part = self.partitions.get(tp)
             if part is not None:
@@ -213,35 +216,31 @@ class ReplicaManager:
             self.partitions[tp] = part
             return part
 
-    def remove_unassigned(self, req: pb.UpdateMetadataRequest, deletable=lambda tps: tps) -> None:
-        """Metadata naming a partition's replicas without us: a reassignment moved it away
-        (its StopReplica may have been lost with a failed controller). Stop and delete it,
-        if ``deletable`` (ZooKeeper, through the control-plane guard) agrees."""
-        moved = [(s.topic, s.partition) for s in req.partitions
-                 if s.replicas and self.broker_id not in s.replicas and (s.topic, s.partition) in self.partitions]
+    def remove_unassigned(self, assignments: dict[TP, tuple[int, ...]], controller_id: int, controller_epoch: int,
+                          deletable=lambda tps: tps) -> None:
+        """Metadata naming a partition's replicas (``assignments``) without us: a
+        reassignment moved it away (its StopReplica may have been lost with a failed
+        controller). Stop and delete it, if ``deletable`` (ZooKeeper, through the
+        control-plane guard) agrees."""
+        moved = [tp for tp, replicas in assignments.items()
+                 if replicas and self.broker_id not in replicas and tp in self.partitions]
         agreed = set(deletable(moved)) if moved else set()
-        for s in req.partitions:
-            tp = (s.topic, s.partition)
-            if tp in agreed:
-                state_log.info("broker %d: %s-%d is no longer assigned here (replicas %s): deleting it "
-                               "(controller epoch %d)", self.broker_id, tp[0], tp[1], list(s.replicas),
-                               req.controller_epoch)
-                self.stop_replica(pb.StopReplicaRequest(
-                    controller_id=req.controller_id, controller_epoch=req.controller_epoch, delete_partitions=True,
-                    partitions=[pb.TopicPartitionRef(topic=tp[0], partition=tp[1])]))
+        for tp in [tp for tp in assignments if tp in agreed]:
+            state_log.info("broker %d: %s-%d is no longer assigned here (replicas %s): deleting it "
+                           "(controller epoch %d)", self.broker_id, tp[0], tp[1], list(assignments[tp]),
+                           controller_epoch)
+            self.stop_replica(M.StopReplicaRequest(controller_id, controller_epoch, -1, True, (tp,)))
 
-    def stop_replica(self, req: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
+    def stop_replica(self, req: M.StopReplicaRequest) -> M.ControllerRequestResult:
         self.check_controller_epoch(req.controller_epoch)
         try:
-            self.check_broker_epoch(req)
+            self.check_broker_epoch(req.broker_epoch)
         except E.StaleBrokerEpochError as exc:
             log.info("StopReplica from controller %d refused: %s", req.controller_id, exc)
-            return pb.StopReplicaResponse(error=to_pb(exc))
-        out = pb.StopReplicaResponse()
+            return M.ControllerRequestResult(error=exc)
         started = time.monotonic()
         lines: list[str] = []   # one state-change record and one broker-log line per request, not per partition
-        for ref in req.partitions:
-            tp = (ref.topic, ref.partition)
+        for tp in req.partitions:
             self.fetchers.remove_partition(tp)
             with self.lock:
                 part = self.partitions.pop(tp, None) if req.delete_partitions else self.partitions.get(tp)
@@ -255,63 +254,61 @@ class ReplicaManager:
         self.notify_data()
         log.info("StopReplica from controller %d (epoch %d): %d partitions, delete=%s, in %.3fs", req.controller_id,
                  req.controller_epoch, len(req.partitions), req.delete_partitions, time.monotonic() - started)
-        return out
+        return M.ControllerRequestResult()
 
     # ------------------------------------------------------------ produce
-    def produce(self, req: pb.ProduceRequest) -> pb.ProduceResponse:
+    def produce(self, req: M.ProduceRequest) -> list[M.ProducePartitionResult]:
         """Append, then (acks=all) wait until each partition's HW passes what was appended."""
         timeout_ms = req.timeout_ms if req.timeout_ms > 0 else self.config.get("request.timeout.ms")
         out, waits = self.append_records(req)
         deadline = self.clock.time_ms() + timeout_ms
-        for r, part, end, min_isr in waits:
+        for w in waits:
             try:
-                part.wait_committed(end, deadline, min_isr)
+                w.partition.wait_committed(w.end_offset, deadline, w.min_insync)
             except E.ReplikafkaError as exc:
-                r.error.CopyFrom(to_pb(exc))
+                w.result.error = exc
         return out
 
-    def append_records(self, req: pb.ProduceRequest):
-        """The produce's appends: (the response, and for acks=all the waits still to
-        complete as (response entry, partition, end offset, min.insync.replicas)). A
-        caller without threads (the simulation) completes them with ``Partition.committed``."""
+    def append_records(self, req: M.ProduceRequest) -> tuple[list[M.ProducePartitionResult], list[M.ProduceWait]]:
+        """The produce's appends: (one result per partition entry, in order, and for
+        acks=all the waits still to complete). A caller without threads (the
+        simulation) completes them with ``Partition.committed``."""
         if req.acks not in (0, 1, -1):
             raise E.InvalidRequestError(f"acks must be 0, 1 or -1 (all), got {req.acks}")
-        out = pb.ProduceResponse()
-        waits = []
-        failed: dict[tuple[str, int], E.ReplikafkaError] = {}
+        out: list[M.ProducePartitionResult] = []
+        waits: list[M.ProduceWait] = []
+        failed: dict[TP, E.ReplikafkaError] = {}
         for d in req.partitions:
-            # Added in place: the acks=all wait below may still set its error.
-            r = out.partitions.add(topic=d.topic, partition=d.partition, log_append_time_ms=-1)
+            r = M.ProducePartitionResult(d.topic, d.partition)
+            out.append(r)
             tp = (d.topic, d.partition)
             if tp in failed:
                 # A partition's batches are appended in order: after one fails, the
                 # ones behind it are not appended (they would leave a gap).
-                r.error.CopyFrom(to_pb(failed[tp]))
+                r.error = failed[tp]
                 continue
             try:
                 part, result, min_isr = self._append_one(d, req.acks)
                 r.base_offset, r.record_count = result.first_offset, result.record_count
                 r.log_start_offset = part.log.log_start_offset
                 if req.acks == -1:
-                    waits.append((r, part, result.last_offset + 1, min_isr))
+                    waits.append(M.ProduceWait(r, part, result.last_offset + 1, min_isr))
             except E.ReplikafkaError as exc:
-                r.error.CopyFrom(to_pb(exc))
+                r.error = exc
                 failed[tp] = exc
         self.notify_data()
         return out, waits
 
-    def _append_one(self, d: pb.PartitionProduceData, acks: int):
+    def _append_one(self, d: M.ProducePartition, acks: int):
         R.validate_topic_name(d.topic)
         part = self._partition_or_error(d.topic, d.partition)
-        # Each read of a protobuf bytes field is a copy: read it once. The request
-        # may hold several batches; max.message.bytes limits each stored batch
-        # (checked by the log as it encodes them), as in Kafka.
-        records = d.records
-        _schema, batches = R.decode_produced(
-            records, d.records_crc32c if d.HasField("records_crc32c") else None, f"{d.topic}-{d.partition}")
-        batches = [b for b in batches if b.num_rows]
+        if d.decode_error is not None:   # the RPC layer refused its bytes (CRC, framing)
+            raise d.decode_error
+        # The request may hold several batches; max.message.bytes limits each stored
+        # batch (checked by the log as it encodes them), as in Kafka.
+        batches = [b for b in d.batches if b.num_rows]
         result, min_isr = self._append_batches(part, batches, acks, d.producer_id, d.producer_epoch,
-                                               d.base_sequence, len(records))
+                                               d.base_sequence, d.size_bytes)
         return part, result, min_isr
 
     def append_flight(self, cmd, batches: list) -> tuple[Partition, "object"]:
@@ -333,11 +330,10 @@ class ReplicaManager:
 
     def _append_batches(self, part: Partition, batches: list, acks: int, producer_id: int, producer_epoch: int,
                         base_sequence: int, nbytes: int, body_crc32c=None):
-        """The one leader append of both produce paths: schema check, idempotence,
-        the log append; a failed log dir goes offline. Returns (ProduceResult, min ISR)."""
+        """The one leader append of both produce paths: idempotence, the log append
+        (which checks the schema and stamps LogAppendTime, once); a failed log dir goes
+        offline. Returns (ProduceResult, min ISR)."""
         cfg = part.log.config
-        expected = part.log.schema
-        batches = [R.conform_batch(b, expected, part.topic) for b in batches]
         if not batches:
             raise E.InvalidRequestError(f"{part.topic}-{part.partition}: produce request holds no records")
         min_isr = cfg.min_insync_replicas
@@ -355,35 +351,30 @@ class ReplicaManager:
         return result, min_isr
 
     # ------------------------------------------------------------ fetch
-    def fetch(self, req: pb.FetchRequest, context_active=lambda: True, batches_out: list | None = None
-              ) -> pb.FetchResponse:
-        """Fetch, long-polling up to ``max_wait_ms``. With ``batches_out`` (a follower's
-        fetch in the ``replica_fetch_codec`` format), each partition's stored batches
-        are appended there and only their size goes in the response."""
+    def fetch(self, req: M.FetchRequest, context_active=lambda: True) -> list[M.FetchPartitionResult]:
+        """Fetch, long-polling up to ``max_wait_ms``: one result per partition, in order."""
         max_wait_ms = max(0, min(req.max_wait_ms, 30_000))
         deadline = self.clock.time_ms() + max_wait_ms
         min_bytes = max(req.min_bytes, 0)
-        columns = list(req.columns) or None
         while True:
-            if batches_out is not None:
-                batches_out.clear()
-            resp, size, any_error = self._fetch_once(req, columns, batches_out)
+            out, size, any_error = self._fetch_once(req)
             left = deadline - self.clock.time_ms()
             if size >= max(min_bytes, 1) or any_error or left <= 0 or not context_active():
-                return resp
+                return out
             with self.data_arrived:
                 self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
 
-    def _fetch_once(self, req: pb.FetchRequest, columns, batches_out: list | None = None):
-        out = pb.FetchResponse()
+    def _fetch_once(self, req: M.FetchRequest) -> tuple[list[M.FetchPartitionResult], int, bool]:
+        out: list[M.FetchPartitionResult] = []
         total = 0
         any_error = False
         hw_moved = False
         budget = req.max_bytes if req.max_bytes > 0 else 64 << 20
+        columns = list(req.columns) if req.columns else None
         follower_error = self._follower_fetch_error(req) if req.replica_id >= 0 else None
         for fp in req.partitions:
-            # Built in place: appending a finished message would copy its records again.
-            r = out.partitions.add(topic=fp.topic, partition=fp.partition)
+            r = M.FetchPartitionResult(fp.topic, fp.partition)
+            out.append(r)
             size = 0
             try:
                 part = self._partition_or_error(fp.topic, fp.partition)
@@ -392,37 +383,33 @@ class ReplicaManager:
                     if req.replica_id >= 0:
                         self._check_follower_of(part, req.replica_id, follower_error)
                         hw_before = part.hw
-                        raw, hw, leo, lso = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
-                                                                   fp.current_leader_epoch)
-                        hw_moved = hw_moved or hw > hw_before
+                        read = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
+                                                      fp.current_leader_epoch)
+                        hw_moved = hw_moved or read.high_watermark > hw_before
                     else:  # any replica answers, from its own log, and nothing is recorded
-                        raw, hw, leo, lso = part.read_for_debugging(fp.fetch_offset, max_bytes,
-                                                                    fp.current_leader_epoch)
+                        read = part.read_for_debugging(fp.fetch_offset, max_bytes, fp.current_leader_epoch)
+                    raw = read.data
                     if raw is not None and raw.record_count:
-                        data = raw.data if isinstance(raw.data, bytes) else bytes(raw.data)
-                        if batches_out is not None:
-                            batches_out.append(data)
-                            r.records_size = size = len(data)
-                        else:
-                            r.records, size = data, len(data)
+                        r.records, size = raw.data, len(raw.data)
                         r.records_base_offset, r.record_count = raw.first_offset, raw.record_count
                 else:
                     if columns is not None:
                         part.log.check_columns(columns)
-                    stored, hw, leo, lso = part.read_committed(fp.fetch_offset, max_bytes, fp.current_leader_epoch)
-                    if stored is not None and stored.batches:
-                        data, r.records_base_offset, r.record_count = self._consumer_records(
-                            part, stored, fp.fetch_offset, columns)
-                        r.records, size = data, len(data)
-                r.high_watermark, r.log_end_offset, r.log_start_offset = hw, leo, lso
-                total += size  # not len(r.records): reading a bytes field back copies it
+                    read = part.read_committed(fp.fetch_offset, max_bytes, fp.current_leader_epoch)
+                    if read.data is not None and read.data.batches:
+                        r.records, r.records_base_offset, r.record_count = self._consumer_records(
+                            part, read.data, fp.fetch_offset, columns)
+                        size = len(r.records)
+                r.high_watermark, r.log_end_offset, r.log_start_offset = \
+                    read.high_watermark, read.log_end_offset, read.log_start_offset
+                total += size
                 if size:
                     self.stats.fetched(fp.topic, size, r.record_count, req.replica_id >= 0)
             except E.ReplikafkaError as exc:
-                r.error.CopyFrom(to_pb(exc))
+                r.error = exc
                 any_error = True
             except Exception as exc:  # one partition's fault (its disk, a rotten batch) fails only that partition
-                r.error.CopyFrom(to_pb(partition_read_error(fp.topic, fp.partition, exc)))
+                r.error = partition_read_error(fp.topic, fp.partition, exc)
                 any_error = True
         if hw_moved:  # a follower's fetch committed data: wake the consumers' long polls now
             self.notify_data()
@@ -445,7 +432,7 @@ class ReplicaManager:
         """The partition a Flight read names, or the error Fetch would give."""
         return self._partition_or_error(topic, partition)
 
-    def _follower_fetch_error(self, req: pb.FetchRequest) -> E.ReplikafkaError | None:
+    def _follower_fetch_error(self, req: M.FetchRequest) -> E.ReplikafkaError | None:
         """KIP-380: a follower fetch must come from a live broker in its current epoch
         (as the controller's metadata says); None if it does."""
         known = self.metadata.broker_epoch(req.replica_id)
@@ -515,23 +502,27 @@ class ReplicaManager:
             self.on_all_dirs_offline()
 
     # ------------------------------------------------------------ offsets
-    def list_offsets(self, req: pb.ListOffsetsRequest) -> pb.ListOffsetsResponse:
-        out = pb.ListOffsetsResponse()
-        for q in req.partitions:
-            r = pb.ListOffsetsPartitionResponse(topic=q.topic, partition=q.partition, offset=-1, timestamp_ms=-1)
+    def list_offsets(self, queries) -> list[M.ListOffsetsResult]:
+        """ListOffsets for ``queries`` (:class:`ListOffsetsQuery`), one result each, in order."""
+        out = []
+        for q in queries:
+            r = M.ListOffsetsResult(q.topic, q.partition)
+            out.append(r)
             try:
                 part = self._partition_or_error(q.topic, q.partition)
-                hw, leo, lso, r.leader_epoch, hw_known = part.leader_offsets(q.current_leader_epoch)
-                r.high_watermark, r.log_end_offset, r.log_start_offset = hw if hw_known else -1, leo, lso
+                o = part.leader_offsets(q.current_leader_epoch)
+                hw, r.leader_epoch = o.high_watermark, o.leader_epoch
+                r.high_watermark = hw if o.hw_known else -1
+                r.log_end_offset, r.log_start_offset = o.log_end_offset, o.log_start_offset
                 # KIP-207: while a new leader's HW is not known yet, "latest" and a time not
                 # found below the HW are OFFSET_NOT_AVAILABLE (retriable), as in Kafka.
                 not_yet = E.OffsetNotAvailableError(
                     f"{q.topic}-{q.partition}: the new leader's high watermark has not reached the start of "
                     f"its epoch {r.leader_epoch} yet")
                 if q.timestamp_ms == -2:
-                    r.offset = lso
+                    r.offset = o.log_start_offset
                 elif q.timestamp_ms == -1:
-                    if not hw_known:
+                    if not o.hw_known:
                         raise not_yet
                     r.offset = hw
                 elif q.timestamp_ms < 0:
@@ -540,23 +531,23 @@ class ReplicaManager:
                     found = part.log.offset_for_timestamp(q.timestamp_ms)
                     if found is not None and found[0] < hw:
                         r.offset, r.timestamp_ms = found
-                    elif not hw_known:
+                    elif not o.hw_known:
                         raise not_yet
             except E.ReplikafkaError as exc:
-                r.error.CopyFrom(to_pb(exc))
-            out.partitions.append(r)
+                r.error = exc
         return out
 
-    def offsets_for_leader_epoch(self, req: pb.OffsetsForLeaderEpochRequest) -> pb.OffsetsForLeaderEpochResponse:
-        out = pb.OffsetsForLeaderEpochResponse()
-        for q in req.partitions:
-            r = pb.EpochEndOffset(topic=q.topic, partition=q.partition, leader_epoch=-1, end_offset=-1)
+    def offsets_for_leader_epoch(self, queries) -> list[M.EpochEndOffset]:
+        """OffsetsForLeaderEpoch for ``queries`` (:class:`EpochQuery`), one answer each, in order."""
+        out = []
+        for q in queries:
+            r = M.EpochEndOffset(q.topic, q.partition)
+            out.append(r)
             try:
                 part = self._partition_or_error(q.topic, q.partition)
                 r.leader_epoch, r.end_offset = part.end_offset_for_epoch(q.leader_epoch, q.current_leader_epoch)
             except E.ReplikafkaError as exc:
-                r.error.CopyFrom(to_pb(exc))
-            out.partitions.append(r)
+                r.error = exc
         return out
 
     # ------------------------------------------------------------ background work
@@ -588,12 +579,8 @@ class ReplicaManager:
                     log.warning("%s-%d: state znode moved on (now %s); this broker stops leading it",
                                 part.topic, part.partition, current and current[0])
                     self._demote_zombie(part, current)
-                else:
-                    with part.lock:  # same epoch, stale version: learn it and retry next pass
-                        part.zk_version, part.isr = current[1], current[0].isr
-                        if part.leader_state is not None:
-                            part.leader_state.on_isr_committed(current[0].isr, current[1],
-                                                               part.log.log_end_offset)
+                else:  # same epoch, stale version: learn it and retry next pass
+                    part.isr_change_done(current[0].isr, current[1])
                 continue
             self.stats.isr_changed(len(part.isr), len(new_isr))
             part.isr_change_done(new_isr, version, decided_in)

@@ -33,8 +33,9 @@ way are framed by Arrow itself on the read path (`read_trusted`), which is
 several times faster.
 
 Thread-safety: the module functions are pure and thread-safe. A
-``BatchEncoder`` keeps one Arrow stream writer and is NOT thread-safe (a Log
-owns one and uses it under its lock).
+``BatchEncoder`` is thread-safe: its one Arrow stream writer is used under the
+encoder's own lock (the logs of one schema share one encoder, each appending
+under its own lock), and the CRCs are computed outside it.
 """
 from __future__ import annotations
 

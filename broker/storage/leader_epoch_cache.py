@@ -96,11 +96,6 @@ class LeaderEpochFileCache:
         with self._lock:
             return self._entries[-1].epoch if self._entries else UNDEFINED_EPOCH
 
-    @property
-    def earliest_entry(self) -> EpochEntry | None:
-        with self._lock:
-            return self._entries[0] if self._entries else None
-
     def epoch_for_offset(self, offset: int) -> int:
         """The epoch whose range contains `offset`; UNDEFINED_EPOCH if before the first."""
         with self._lock:

@@ -42,6 +42,8 @@ from replikafka.errors import (CorruptRecordError, InvalidConfigError, InvalidOf
                                InvalidRequestError, InvalidSchemaError, OffsetOutOfRangeError,
                                RecordTooLargeError, StorageError)
 
+from replikafka.records import conform_batch
+
 from . import batch_format as bf
 from .clock import SYSTEM_CLOCK
 from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir
@@ -210,6 +212,7 @@ class Log:
         self._flush_lock = threading.Lock()
         self._encoder = bf.shared_encoder(schema, self._schema_msg)
         self._ts_index = schema.get_field_index(TIMESTAMP_COLUMN)
+        self._topic = os.path.basename(os.path.normpath(directory)).rsplit("-", 1)[0]   # for error messages
         self._epoch_cache = LeaderEpochFileCache(os.path.join(directory, LEADER_EPOCH_CHECKPOINT), epoch_entries)
         self._topic_id: str | None = None   # partition.metadata, once read or written ("" = none)
         self._segments: list[LogSegment] = []      # replaced, never mutated in place
@@ -469,6 +472,9 @@ class Log:
         LogAppendTime replaces the timestamps: then the producer's bodies are
         hashed first).
         """
+        # The one schema check of a produce (naming the first wrong column; nullability
+        # from the topic), before anything is encoded.
+        batches = [conform_batch(batch, self._schema, self._topic) for batch in batches]
         if body_crc32c is not None:
             if len(body_crc32c) != len(batches) or any(b.num_rows == 0 for b in batches):
                 raise InvalidRequestError(f"an append of {len(batches)} batches with {len(body_crc32c)} "
@@ -508,13 +514,8 @@ class Log:
         return info
 
     def _prepare(self, batches: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
-        out = []
-        for batch in batches:
-            if not batch.schema.equals(self._schema, check_metadata=False):
-                raise InvalidSchemaError(f"batch schema {batch.schema} does not match the log's "
-                                         f"schema {self._schema}")
-            if batch.num_rows:
-                out.append(batch)
+        """The non-empty batches, with the one LogAppendTime stamp of a produce."""
+        out = [batch for batch in batches if batch.num_rows]
         if not out:
             raise InvalidRequestError("an append needs at least one record")
         if self._config.message_timestamp_type == "LogAppendTime":

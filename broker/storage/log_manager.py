@@ -148,7 +148,6 @@ class LogManager:
         """
         if not log_dirs:
             raise StorageError("no log dirs configured")
-        self._default_config = default_config
         self._topic_config = topic_config or (lambda topic: default_config)
         self._topic_schema = topic_schema or (lambda topic: None)
         self._clock = clock or SYSTEM_CLOCK

@@ -37,7 +37,7 @@ from kazoo.exceptions import KazooException
 
 from replikafka import errors as E
 from replikafka import records as R
-from replikafka.broker import replica_fetch_codec, zk_store as Z
+from replikafka.broker import replica_fetch_codec, replica_rpc, zk_store as Z
 from replikafka.broker.config import BrokerConfig, log_config_for_topic
 from replikafka.broker.controller import controller_events as V
 from replikafka.broker.controller.controller import Controller
@@ -113,15 +113,22 @@ class SimLeaderEndpoint:
             raise SimRpcError(f"response {self.leader}->{self.follower} lost")
         return response
 
-    def fetch(self, request, timeout_s):
-        def handle(target):
-            batches: list[bytes] = []
-            resp = target.rm.fetch(request, batches_out=batches)
-            return replica_fetch_codec.decode(replica_fetch_codec.encode((resp, batches)))
-        return self._call(handle)
+    def _call_leader(self, handle):
+        """As GrpcLeaderEndpoint: a lost request or answer is the error tree's, for the fetcher."""
+        try:
+            return self._call(handle)
+        except SimRpcError as exc:
+            raise E.BrokerNotAvailableError(str(exc)) from None
 
-    def offsets_for_leader_epoch(self, request, timeout_s):
-        return self._call(lambda target: target.rm.offsets_for_leader_epoch(request))
+    def fetch(self, request, timeout_s):
+        def handle(target):   # through the RPC layer and the follower wire codec, as over gRPC
+            answer = replica_rpc.follower_fetch(target.rm, replica_rpc.fetch_request_pb(request))
+            return replica_rpc.follower_fetch_results(replica_fetch_codec.decode(replica_fetch_codec.encode(answer)))
+        return self._call_leader(handle)
+
+    def offsets_for_leader_epoch(self, replica_id, queries, timeout_s):
+        return self._call_leader(lambda target: replica_rpc.epoch_end_offsets(replica_rpc.offsets_for_leader_epoch(
+            target.rm, replica_rpc.epoch_queries_pb(replica_id, queries))))
 
     def close(self):
         pass
@@ -233,13 +240,13 @@ class SimBroker:
         rm = self.rm
         try:
             if method == "LeaderAndIsr":
-                return rm.leader_and_isr(request)
+                return replica_rpc.leader_and_isr(rm, self.metadata, request)
             if method == "StopReplica":
-                return rm.stop_replica(request)
+                return replica_rpc.stop_replica(rm, request)
             if method == "UpdateMetadata":
                 rm.check_controller_epoch(request.controller_epoch)
                 self.metadata.update(request)
-                rm.remove_unassigned(request)
+                replica_rpc.remove_unassigned(rm, request)
                 return pb.UpdateMetadataResponse()
         except E.StaleControllerEpochError as exc:
             return SimpleNamespace(error=SimpleNamespace(code=exc.code))
@@ -405,7 +412,7 @@ class Simulation:
         self.busy.add(broker.broker_id)
         try:
             f.do_work()
-        except (SimRpcError, KazooException):
+        except (E.BrokerNotAvailableError, KazooException):
             pass
         finally:
             self.busy.discard(broker.broker_id)
@@ -444,12 +451,12 @@ class Simulation:
         records = R.encode_stream(self.schema, [batch]).to_pybytes()
         req = pb.ProduceRequest(acks=-1, timeout_ms=5000, partitions=[pb.PartitionProduceData(
             topic=tp[0], partition=tp[1], records=records, records_crc32c=R.records_crc32c(records))])
-        resp, waits = target.rm.append_records(req)
-        r = resp.partitions[0]
-        self.note(f"produce {n} to {target.broker_id} {tp}: {r.error.code or r.base_offset}")
-        for _r, part, end, min_isr in waits:
-            self.pending.append(Pending(target.broker_id, tp, part, end - n, end, min_isr, values,
-                                        self.clock.time_ms() + 5000))
+        results, waits = target.rm.append_records(replica_rpc.produce_request(req))
+        r = results[0]
+        self.note(f"produce {n} to {target.broker_id} {tp}: {r.error.code if r.error else r.base_offset}")
+        for w in waits:
+            self.pending.append(Pending(target.broker_id, tp, w.partition, w.end_offset - n, w.end_offset,
+                                        w.min_insync, values, self.clock.time_ms() + 5000))
 
     def complete_produces(self) -> None:
         """Answer the acks=all produces whose HW arrived (or that failed)."""
@@ -487,13 +494,13 @@ class Simulation:
         if entry is not None and tp[1] in entry.partitions:
             known = max(known, entry.partitions[tp[1]].leader_epoch)
         self.model.epoch_known[tp] = known
-        lo = target.rm.list_offsets(pb.ListOffsetsRequest(partitions=[pb.ListOffsetsPartition(
+        lo = replica_rpc.list_offsets(target.rm, pb.ListOffsetsRequest(partitions=[pb.ListOffsetsPartition(
             topic=tp[0], partition=tp[1], timestamp_ms=-1, current_leader_epoch=known)])).partitions[0]
         if not lo.error.code:
             self.saw_hw(tp, lo.offset, f"ListOffsets latest from {target.broker_id}")
             known = self.model.epoch_known[tp] = max(known, lo.leader_epoch)
         start = self.rng.randrange(0, max(self.model.hw_seen.get(tp, 0), 0) + 1)
-        resp = target.rm.fetch(pb.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=1 << 20, partitions=[
+        resp = replica_rpc.fetch(target.rm, pb.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=1 << 20, partitions=[
             pb.FetchPartition(topic=tp[0], partition=tp[1], fetch_offset=start, current_leader_epoch=known)]))
         r = resp.partitions[0]
         if r.error.code:

@@ -22,6 +22,7 @@ from replikafka.broker.http_server import BrokerHttpServer
 from replikafka.broker.metrics import (BrokerMetrics, ControllerCollector, ReplicaManagerCollector,
                                        ZooKeeperCollector, ZkSessionStats)
 from replikafka.broker.replica.partition import Partition
+from replikafka.broker import replica_rpc
 from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
 from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.status_page import (ClusterSnapshot, PartitionRow, Query, render_html,
@@ -149,8 +150,8 @@ def test_replica_manager_gauges_read_the_partitions_at_scrape_time(tmp_path):
     s = samples(m.registry)
     assert s["kafka_server_replicamanager_isrshrinks_total"][()] == 1
     assert s["kafka_server_replicamanager_isrexpands_total"][()] == 2
-    resp, _size, _err = rm._fetch_once(pb.FetchRequest(replica_id=-1, partitions=[pb.FetchPartition(
-        topic="t", partition=0, fetch_offset=0, current_leader_epoch=-1, partition_max_bytes=1 << 20)]), None)
+    resp = replica_rpc.fetch(rm, pb.FetchRequest(replica_id=-1, partitions=[pb.FetchPartition(
+        topic="t", partition=0, fetch_offset=0, current_leader_epoch=-1, partition_max_bytes=1 << 20)]))
     # The ISR is the leader alone: HW = LEO = 7, all of it readable.
     assert resp.partitions[0].record_count == 7
     s = samples(m.registry)
@@ -303,7 +304,7 @@ def test_stop_replica_for_thousands_of_partitions_logs_one_line_per_request(capl
     req = pb.StopReplicaRequest(controller_id=2, controller_epoch=3, delete_partitions=False, partitions=[
         pb.TopicPartitionRef(topic="t", partition=p) for p in range(5000)])
     with caplog.at_level(logging.INFO):
-        rm.stop_replica(req)
+        replica_rpc.stop_replica(rm, req)
     broker_lines = [r for r in caplog.records if r.name == "replikafka.replica_manager"]
     state_records = [r for r in caplog.records if r.name == LOGGER_NAME]
     assert len(broker_lines) == 1 and "5000 partitions" in broker_lines[0].getMessage()

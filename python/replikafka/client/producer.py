@@ -43,7 +43,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 # Pieces are measured as IPC messages; joining several into one batch can
 # change the size a little (e.g. a validity bitmap appears), so keep room.
 _IPC_SLACK = 0.01
-_DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE_NUMBER"
 #: A Flight append joins its pieces into one stored batch below this size (many small
 #: sends, one batch for readers); bigger ones go as they are, without a copy.
 _CONCAT_BELOW_BYTES = 1 << 20
@@ -614,7 +613,7 @@ class Producer:
                 if perr is None:
                     perr = from_pb(r.error) if r is not None else E.ReplikafkaError(
                         f"the broker's Produce answer has no entry for {b.tp[0]}-{b.tp[1]} ({target})")
-                if perr is None or perr.code == _DUPLICATE_SEQUENCE:
+                if perr is None:   # a duplicate is answered as a success, with the first offsets
                     base = r.base_offset if self._acks != 0 else -1
                     actions += self._acc.completed(b, base, r.log_append_time_ms)
                     continue

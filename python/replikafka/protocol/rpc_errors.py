@@ -48,12 +48,6 @@ def from_pb(err: pb.Error) -> E.ReplikafkaError | None:
     return E.error_for_code(err.code, err.message)
 
 
-def raise_for(err: pb.Error) -> None:
-    exc = from_pb(err)
-    if exc is not None:
-        raise exc
-
-
 def abort(context: grpc.ServicerContext, exc: E.ReplikafkaError):
     """Fail the whole RPC with a status carrying the error code (raises)."""
     status = _STATUS_FOR_CODE.get(exc.code, grpc.StatusCode.UNAVAILABLE if exc.retriable

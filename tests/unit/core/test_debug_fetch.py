@@ -5,11 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from replikafka.broker.metadata_cache import MetadataCache
+from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.partition import Partition
 from replikafka.broker.replica.replica_manager import DEBUGGING_REPLICA_ID, ReplicaManager
 from replikafka.broker.storage import Log, LogConfig, ManualClock
 from replikafka.broker.storage import batch_format as bf
-from replikafka.protocol import replikafka_pb2 as pb
 
 TS = pa.timestamp("ms", tz="UTC")
 SCHEMA = pa.schema([("value", pa.binary()), ("timestamp", TS)])
@@ -46,11 +46,9 @@ def manager_with(tmp_path, role: str) -> tuple[ReplicaManager, Partition]:
 def fetch(rm, replica_id: int, offset: int, replica_epoch: int | None = None):
     if replica_epoch is None:
         replica_epoch = replica_id * 100 if replica_id > 0 else 0
-    req = pb.FetchRequest(replica_id=replica_id, replica_epoch=replica_epoch, max_wait_ms=0, partitions=[
-        pb.FetchPartition(topic="t", partition=0, fetch_offset=offset, current_leader_epoch=-1,
-                          partition_max_bytes=1 << 20)])
-    resp, _size, _err = rm._fetch_once(req, None)
-    return resp.partitions[0]
+    req = M.FetchRequest(replica_id, (M.FetchPartition("t", 0, offset, -1, 1 << 20),), replica_epoch=replica_epoch)
+    [result] = rm.fetch(req)
+    return result
 
 
 def stored_batches(records: bytes) -> list[tuple[int, int]]:
@@ -68,14 +66,14 @@ def test_a_follower_answers_with_its_own_batches_and_offsets(tmp_path):
     rm, part = manager_with(tmp_path, "follower")
     assert fetch(rm, -1, 0).error.code == "NOT_LEADER_OR_FOLLOWER"     # a consumer may not read a follower
     r = fetch(rm, DEBUGGING_REPLICA_ID, 0)
-    assert not r.error.code
+    assert r.error is None
     assert (r.high_watermark, r.log_end_offset, r.log_start_offset) == (4, 10, 0)
     assert stored_batches(r.records) == [(0, 4), (4, 6)]               # whole batches, above the HW too
     assert r.records_base_offset == 0 and r.record_count == 10
     r = fetch(rm, DEBUGGING_REPLICA_ID, 6)                              # from the batch holding offset 6
     assert stored_batches(r.records) == [(4, 6)]
     r = fetch(rm, DEBUGGING_REPLICA_ID, 10)                             # at the LEO: nothing, no error
-    assert not r.error.code and r.record_count == 0 and r.log_end_offset == 10
+    assert r.error is None and r.record_count == 0 and r.log_end_offset == 10
 
 
 def test_on_the_leader_it_is_not_a_follower_fetch(tmp_path):

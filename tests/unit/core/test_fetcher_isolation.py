@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.partition import Partition
 from replikafka.broker.replica.replica_fetcher import ReplicaFetcher
 from replikafka.broker.storage import Log, LogConfig, ManualClock
-from replikafka.protocol import replikafka_pb2 as pb
 
 TS = pa.timestamp("ms", tz="UTC")
 SCHEMA = pa.schema([("value", pa.binary()), ("timestamp", TS)])
@@ -29,20 +29,20 @@ class ScriptedLeader:
 
     def fetch(self, request, timeout_s):
         self.asked.append([(p.topic, p.partition) for p in request.partitions])
-        out = pb.FetchResponse()
+        out = []
         for p in request.partitions:
             tp = (p.topic, p.partition)
             raw = self.logs[tp].read_raw(p.fetch_offset, 1 << 20)
             data = bytearray(raw.data)
             if tp in self.rot and data:
                 data[-20] ^= 0x40
-            out.partitions.add(topic=p.topic, partition=p.partition, high_watermark=self.logs[tp].log_end_offset,
-                               log_end_offset=self.logs[tp].log_end_offset, records=bytes(data),
-                               record_count=raw.record_count, records_base_offset=raw.first_offset)
+            leo = self.logs[tp].log_end_offset
+            out.append(M.FetchPartitionResult(p.topic, p.partition, None, leo, leo, 0, bytes(data), raw.first_offset,
+                                              raw.record_count))
         return out
 
-    def offsets_for_leader_epoch(self, request, timeout_s):
-        return pb.OffsetsForLeaderEpochResponse()
+    def offsets_for_leader_epoch(self, replica_id, queries, timeout_s):
+        return []
 
     def close(self):
         pass

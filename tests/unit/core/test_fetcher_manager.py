@@ -3,15 +3,14 @@ thousands of partitions), one fetcher per leader, idle fetchers stopped."""
 from __future__ import annotations
 
 from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
-from replikafka.protocol import replikafka_pb2 as pb
 
 
 class IdleLeader:
     def fetch(self, request, timeout_s):
-        return pb.FetchResponse()
+        return []
 
-    def offsets_for_leader_epoch(self, request, timeout_s):
-        return pb.OffsetsForLeaderEpochResponse()
+    def offsets_for_leader_epoch(self, replica_id, queries, timeout_s):
+        return []
 
     def close(self):
         pass

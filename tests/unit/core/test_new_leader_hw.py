@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from replikafka import errors as E
+from replikafka.broker import replica_rpc
 from replikafka.broker.replica.partition import Partition
 from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.storage import ManualClock
@@ -41,13 +42,13 @@ def new_leader(tmp_path, *, leo=20, follower_hw=5):
 
 
 def consumer_fetch(rm, offset):
-    resp, _size, _err = rm._fetch_once(pb.FetchRequest(replica_id=-1, max_bytes=1 << 20, partitions=[
-        pb.FetchPartition(topic="t", partition=0, fetch_offset=offset, current_leader_epoch=-1)]), None)
+    resp = replica_rpc.fetch(rm, pb.FetchRequest(replica_id=-1, max_bytes=1 << 20, partitions=[
+        pb.FetchPartition(topic="t", partition=0, fetch_offset=offset, current_leader_epoch=-1)]))
     return resp.partitions[0]
 
 
 def list_latest(rm, ts=-1):
-    resp = rm.list_offsets(pb.ListOffsetsRequest(partitions=[
+    resp = replica_rpc.list_offsets(rm, pb.ListOffsetsRequest(partitions=[
         pb.ListOffsetsPartition(topic="t", partition=0, timestamp_ms=ts, current_leader_epoch=-1)]))
     return resp.partitions[0]
 

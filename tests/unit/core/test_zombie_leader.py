@@ -18,11 +18,11 @@ from replikafka import records as R
 from replikafka.broker import zk_store as Z
 from replikafka.broker.config import BrokerConfig, log_config_for_topic
 from replikafka.broker.metadata_cache import MetadataCache
+from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.partition import FOLLOWER, LEADER
 from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.server import PartitionLogs
 from replikafka.broker.storage import LogManager, ManualClock
-from replikafka.protocol import replikafka_pb2 as pb
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "sim"))
 from sim_zookeeper import SimKazooClient, SimZooKeeper  # noqa: E402
@@ -71,14 +71,13 @@ def zombie(tmp_path):
     lm = LogManager([str(tmp_path)], log_config_for_topic(cfg, {}), clock=clock)
     fetchers = RecordingFetchers()
     rm = ReplicaManager(1, cfg, PartitionLogs(cfg, lm), store, MetadataCache(), fetchers, clock)
-    topics = [pb.TopicInfo(name="t", schema=R.schema_to_bytes(schema), partition_count=1, topic_id="x")]
+    topics = {"t": M.TopicInfo(R.schema_to_bytes(schema), {}, "x")}
 
     def leader_and_isr(leader, epoch, isr, zk_version):
-        return rm.leader_and_isr(pb.LeaderAndIsrRequest(controller_id=9, controller_epoch=1, topics=topics, partitions=[
-            pb.PartitionState(topic="t", partition=0, controller_epoch=1, leader=leader, leader_epoch=epoch,
-                              isr=list(isr), zk_version=zk_version, replicas=[1, 2, 3])]))
+        return rm.leader_and_isr(M.LeaderAndIsrRequest(9, 1, -1, (
+            M.PartitionRole("t", 0, leader, epoch, tuple(isr), (1, 2, 3), zk_version, 1),), topics))
 
-    assert not leader_and_isr(1, 3, (1, 2, 3), 0).partitions
+    assert leader_and_isr(1, 3, (1, 2, 3), 0) == M.ControllerRequestResult()
     batch = pa.record_batch([pa.nulls(2, pa.binary()), pa.array([b"a", b"b"]), pa.nulls(2, R.HEADER_TYPE),
                              R.constant_timestamps(clock.time_ms(), 2)], schema=schema)
     rm.get(TP).append_as_leader([batch], acks=1, min_insync=1)
@@ -95,7 +94,7 @@ def test_zombie_finds_out_first_then_the_controller_tells_it(zombie):
     part = rm.get(TP)
     assert (part.role, part.leader_id, part.leader_epoch) == (FOLLOWER, 2, 4)
     assert fetchers.following == {TP: (2, 4)}
-    assert not leader_and_isr(2, 4, (2, 3), 1).partitions    # a repeat now: changes nothing
+    assert leader_and_isr(2, 4, (2, 3), 1) == M.ControllerRequestResult()    # a repeat now: changes nothing
     assert (part.role, part.leader_id, part.leader_epoch, part.zk_version) == (FOLLOWER, 2, 4, 1)
     assert fetchers.following == {TP: (2, 4)}
     assert fetchers.calls == [("add", {TP: (2, 4)})]
@@ -103,7 +102,7 @@ def test_zombie_finds_out_first_then_the_controller_tells_it(zombie):
 
 def test_the_controller_tells_it_first_then_isr_work_finds_nothing_to_do(zombie):
     rm, fetchers, leader_and_isr = zombie
-    assert not leader_and_isr(2, 4, (2, 3), 1).partitions
+    assert leader_and_isr(2, 4, (2, 3), 1) == M.ControllerRequestResult()
     part = rm.get(TP)
     assert (part.role, part.leader_id, part.leader_epoch) == (FOLLOWER, 2, 4)
     assert rm.do_isr_work() == 0
@@ -125,7 +124,7 @@ def test_a_stale_request_without_a_leader_leaves_the_current_fetcher_alone(zombi
     """A LeaderAndIsr of an older epoch naming no leader, delivered late, is stale: it
     must not take away the fetcher of the current epoch (found by the simulation)."""
     rm, fetchers, leader_and_isr = zombie
-    assert not leader_and_isr(2, 4, (2, 3), 1).partitions
+    assert leader_and_isr(2, 4, (2, 3), 1) == M.ControllerRequestResult()
     assert fetchers.following == {TP: (2, 4)}
     leader_and_isr(-1, 3, (3,), 1)
     part = rm.get(TP)
