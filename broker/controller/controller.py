@@ -340,14 +340,11 @@ class Controller:
         endpoints: dict[int, tuple[str, ...]] = {}
         live = self.store.live_brokers(watch=self._watch(V.BrokerChange()), epochs=epochs, endpoints=endpoints)
         ctx.endpoints = endpoints
-        old = set(ctx.live)
-        # Restarted between two looks (its old session expired and it re-registered):
-        # it lost its in-memory state, so it is new to us.
-        bounced = {b for b in set(live) & old if epochs.get(b) != ctx.broker_epochs.get(b)}
+        change = D.broker_set_change(ctx.live, ctx.broker_epochs, live, epochs)
+        new, dead, bounced = set(change.started), set(change.dead), set(change.bounced)
         ctx.live, ctx.broker_epochs = live, epochs
-        ctx.shutting_down -= bounced | (old - set(live))
+        ctx.shutting_down -= bounced | dead
         self.channels.set_brokers(live)
-        new, dead = (set(live) - old) | bounced, old - set(live)
         started = time.monotonic()
         if dead:
             log.info("controller: brokers %s failed", sorted(dead))
@@ -368,9 +365,9 @@ class Controller:
         # a broker that leads nothing is still a broker clients must be told of).
         built: dict[TP, pb.PartitionState] = {}
         if new:
-            built = self._send_update_metadata(sorted(new), list(ctx.states), full=True)
-        if changed or new or dead:  # the others learn the new brokers (and their epochs, KIP-380)
-            built = {**built, **self._send_update_metadata([b for b in live if b not in new], changed)}
+            built = self._send_update_metadata(change.full_metadata_to(), list(ctx.states), full=True)
+        if changed or change.moved:  # the others learn the new brokers (and their epochs, KIP-380)
+            built = {**built, **self._send_update_metadata(change.changes_to(live), changed)}
         self._send_leader_and_isr(changed, extra_brokers=new, prebuilt=built)
         if changed:
             log.info("controller: %d partition states written and sent in %.3fs", len(changed),
@@ -406,19 +403,13 @@ class Controller:
         while the controller moved was reinstated in the same epoch with a shorter log,
         and its followers truncated acknowledged records to match it."""
         ctx = self.ctx
-        by_restarted: dict[frozenset, dict[TP, LeaderAndIsr]] = {}
-        for tp, (s, _v) in ctx.states.items():
-            restarted = frozenset(b for b in s.isr if b in ctx.live
-                                  and ctx.broker_epochs.get(b, -1) > written_at.get(tp, 1 << 62))
-            if restarted and tp[0] not in ctx.deleting:
-                by_restarted.setdefault(restarted, {})[tp] = s
+        by_restarted = D.restarted_isr_members({tp: s for tp, (s, _v) in ctx.states.items()}, ctx.live,
+                                               ctx.broker_epochs, written_at, ctx.deleting)
         changed: list[TP] = []
         for restarted, current in by_restarted.items():
             log.info("controller failover: brokers %s registered after %d partition states were written: "
                      "deciding those partitions without them", sorted(restarted), len(current))
-            assignments: dict[str, dict[int, list[int]]] = {}
-            for (t, p) in current:
-                assignments.setdefault(t, {})[p] = ctx.topics[t].assignment[p]
+            assignments = D.assignments_of({t: m.assignment for t, m in ctx.topics.items()}, current)
             decisions = D.on_brokers_changed(assignments, current, set(ctx.live) - restarted, ctx.epoch,
                                              self._unclean_for, avoid=ctx.shutting_down)
             changed += self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - restarted)
@@ -447,10 +438,8 @@ class Controller:
                 break
             # A leader changed its ISR meanwhile: decide again on what it wrote.
             cur = {tp: s for tp, (s, _v) in fresh.items()}
-            decisions = D.on_brokers_changed({t: {p: ctx.topics[t].assignment[p] for (tt, p) in cur if tt == t}
-                                              for t in {tp[0] for tp in cur}},
-                                             cur, live, ctx.epoch, self._unclean_for,
-                                             avoid=ctx.shutting_down)
+            decisions = D.on_brokers_changed(D.assignments_of({t: m.assignment for t, m in ctx.topics.items()}, cur),
+                                             cur, live, ctx.epoch, self._unclean_for, avoid=ctx.shutting_down)
             new = {tp: e.state for tp, e in decisions.items()}
         return done
 
@@ -526,9 +515,7 @@ class Controller:
         for b, tps in self.store.take_log_dir_events(watch=self._watch(V.LogDirFailure())).items():
             current = {tp: ctx.states[tp][0] for tp in tps if tp in ctx.states and tp[0] not in ctx.deleting}
             log.info("controller: broker %d reports %d replicas offline (log dir failure)", b, len(current))
-            assignments: dict[str, dict[int, list[int]]] = {}
-            for t, p in current:
-                assignments.setdefault(t, {})[p] = ctx.topics[t].assignment[p]
+            assignments = D.assignments_of({t: m.assignment for t, m in ctx.topics.items()}, current)
             decisions = D.on_brokers_changed(assignments, current, set(ctx.live) - {b}, ctx.epoch,
                                              self._unclean_for, avoid=ctx.shutting_down)
             changed += self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - {b})

@@ -260,3 +260,61 @@ def partitions_to_remove(assigned: Iterable[int], requested: Iterable[int]) -> t
         return [], (f"only the highest-numbered partitions can be removed: removing from {low} needs "
                     f"{missing} removed too")
     return sorted(requested), None
+
+
+@dataclass(frozen=True)
+class BrokerSetChange:
+    """What a BrokerChange event means, decided from the registrations read before and now.
+
+    ``bounced``: live in both looks, under a new registration (its old session expired
+    and it re-registered in between): it lost its in-memory state (its HW, its role),
+    so it is handled as failed and then as started, as Kafka does with broker epochs.
+    ``started`` includes the bounced."""
+    started: frozenset[int]
+    dead: frozenset[int]
+    bounced: frozenset[int]
+
+    @property
+    def moved(self) -> bool:
+        return bool(self.started or self.dead)
+
+    def full_metadata_to(self) -> list[int]:
+        return sorted(self.started)
+
+    def changes_to(self, live: Iterable[int]) -> list[int]:
+        """The other live brokers: they learn the changed partitions and the new brokers
+        (and their epochs, KIP-380), since a broker that leads nothing is still one
+        clients must be told of (as Kafka's onBrokerStartup/onBrokerFailure)."""
+        return [b for b in live if b not in self.started]
+
+
+def broker_set_change(old_live: Iterable[int], old_epochs: dict[int, int], live: Iterable[int],
+                      epochs: dict[int, int]) -> BrokerSetChange:
+    old, now = set(old_live), set(live)
+    bounced = frozenset(b for b in now & old if epochs.get(b) != old_epochs.get(b))
+    return BrokerSetChange(frozenset(now - old) | bounced, frozenset(old - now), bounced)
+
+
+def assignments_of(topic_assignments: dict[str, dict[int, list[int]]], tps: Iterable[TP]
+                   ) -> dict[str, dict[int, list[int]]]:
+    """The assignments of just ``tps``, in the shape :func:`on_brokers_changed` takes."""
+    out: dict[str, dict[int, list[int]]] = {}
+    for t, p in tps:
+        out.setdefault(t, {})[p] = topic_assignments[t][p]
+    return out
+
+
+def restarted_isr_members(states: dict[TP, LeaderAndIsr], live: Iterable[int], broker_epochs: dict[int, int],
+                          written_at: dict[TP, int], deleting: Iterable[str] = ()
+                          ) -> dict[frozenset[int], dict[TP, LeaderAndIsr]]:
+    """A new controller's view of bounced brokers: partitions grouped by their live ISR
+    members registered (czxid) after the partition's state was last written (they
+    restarted since they were put in the ISR, and may have lost what they held).
+    Partitions without such members, or of topics being deleted, are left out."""
+    live, deleting = set(live), set(deleting)
+    out: dict[frozenset[int], dict[TP, LeaderAndIsr]] = {}
+    for tp, s in states.items():
+        restarted = frozenset(b for b in s.isr if b in live and broker_epochs.get(b, -1) > written_at.get(tp, 1 << 62))
+        if restarted and tp[0] not in deleting:
+            out.setdefault(restarted, {})[tp] = s
+    return out

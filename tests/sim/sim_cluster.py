@@ -322,6 +322,12 @@ class Simulation:
         self.nesting = 0
         self.busy: set[int] = set()
         self.expiries: dict[int, int] = {}          # broker -> step its dead session expires
+        # Cascades (a partition's next leader losing its session too, soon after the
+        # first) draw from their own generator: the main one, and so every run
+        # without a cascade, is as before.
+        self.cascade_rng = random.Random(seed * 1_000_003 + 1)
+        self.cascade: tuple[tuple[str, int], int, int, int] | None = None   # (partition, first zombie, new
+        #                                                                     leader or -1, step it fires or gives up)
         self.partitions = partitions
         self.rf = rf
         self.healed = False
@@ -623,10 +629,36 @@ class Simulation:
                 self.crash(rng.choice(self.up()))
         elif not zombies and self.up():
             # Mostly a partition's leader: quick leader changes are what KIP-101/279 are about.
-            state = self.zk_state((TOPIC, rng.randrange(self.partitions)))
+            tp = (TOPIC, rng.randrange(self.partitions))
+            state = self.zk_state(tp)
             leader = self.brokers.get(state.leader) if state is not None else None
-            self.expire_session(leader if leader is not None and leader.up and rng.random() < 0.7
-                                else rng.choice(self.up()))
+            victim = leader if leader is not None and leader.up and rng.random() < 0.7 else rng.choice(self.up())
+            self.expire_session(victim)
+            if victim is leader and self.cascade is None and len(state.isr) > 2 and self.cascade_rng.random() < 0.5:
+                self.cascade = (tp, victim.broker_id, -1, self.step_no + 40)
+
+    def cascade_fault(self) -> None:
+        """The partition's next leader loses its session too, a few steps after the first
+        one did (two zombies at once: a session expiry loses nothing, so every record
+        acknowledged is still on the last in-sync replica, which must then lead with it).
+        This is where a follower that truncated to its HW on the first change, and has
+        not fetched again, would lead without records acknowledged before it (KIP-101)."""
+        tp, first, new_leader, due = self.cascade
+        state = self.zk_state(tp)
+        if new_leader < 0:
+            if state is not None and state.leader not in (first, -1):   # the controller moved it: soon, the next
+                self.cascade = (tp, first, state.leader, self.step_no + self.cascade_rng.randrange(0, 3))
+            elif self.step_no >= due:
+                self.cascade = None
+            return
+        if self.step_no < due:
+            return
+        self.cascade = None
+        leader = self.brokers.get(new_leader)
+        if state is not None and state.leader == new_leader and len(state.isr) > 1 and leader.up \
+                and not leader.zk.expired:
+            self.note(f"cascade on {tp}:")
+            self.expire_session(leader)
 
     def recover(self) -> None:
         """Sessions of crashed brokers expire on time; the dead come back later."""
@@ -643,6 +675,8 @@ class Simulation:
         self.clock.advance(self.rng.randrange(0, STEP_MS_MAX))
         if faults and self.rng.random() < 0.08:
             self.fault()
+        if faults and self.cascade is not None:
+            self.cascade_fault()
         self.recover()
         self.random_action()
         self.complete_produces()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from replikafka.broker.replica import replica_manager
+from replikafka.broker.replica import partition, replica_fetcher, replica_manager
+from replikafka.broker.replica.leader_epoch_truncation import Truncate
 from sim_cluster import InvariantViolation
 from test_simulation import run_seed
 
-NO_FETCHER_DEMOTION_SEEDS = (4, 22, 39)
+NO_FETCHER_DEMOTION_SEEDS = (4, 39, 81)
+HW_TRUNCATION_SEEDS = (52, 194)
 
 
 def test_a_demotion_without_a_fetcher_never_converges(monkeypatch):
@@ -23,4 +25,26 @@ def test_a_demotion_without_a_fetcher_never_converges(monkeypatch):
     monkeypatch.setattr(replica_manager.ReplicaManager, "_demote_zombie", demote_without_fetcher)
     for seed in NO_FETCHER_DEMOTION_SEEDS:
         with pytest.raises(InvariantViolation, match="liveness"):
+            run_seed(seed)
+
+
+def test_truncation_to_the_high_watermark_loses_acknowledged_records(monkeypatch):
+    """Kafka before KIP-101: a replica becoming a follower truncates its log to its HW
+    at once, and its fetcher by HW too, instead of by leader epoch. A follower's HW lags
+    the leader's; when the new leader loses its session too before the truncated
+    follower fetched again (the simulation's cascade fault), that follower leads
+    without records acknowledged before it: I1 fails."""
+    def by_hw(leader_epoch, leader_end_offset, follower_end_offset_for, follower_leo, follower_hw):
+        return Truncate(min(follower_hw, follower_leo))
+    make_follower = partition.Partition.make_follower
+
+    def make_follower_truncating_to_hw(self, *args):
+        changed = make_follower(self, *args)
+        if changed:
+            self.truncate_to(self.hw)
+        return changed
+    monkeypatch.setattr(replica_fetcher, "truncation_decision", by_hw)
+    monkeypatch.setattr(partition.Partition, "make_follower", make_follower_truncating_to_hw)
+    for seed in HW_TRUNCATION_SEEDS:
+        with pytest.raises(InvariantViolation, match="I1: acknowledged"):
             run_seed(seed)

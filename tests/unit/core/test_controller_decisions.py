@@ -77,3 +77,22 @@ def test_preferred_election_only_when_preferred_is_live_and_in_sync():
     assert D.preferred_leader_election([1, 2], cur, {1, 2}, 2) == LeaderAndIsr(1, 4, (2, 1), 2)
     assert D.preferred_leader_election([1, 2], LeaderAndIsr(2, 3, (2,), 1), {1, 2}, 2) is None
     assert D.preferred_leader_election([1, 2], cur, {2}, 2) is None
+
+
+# ---------------------------------------------------------------- the broker-change event's core
+def test_broker_set_change_names_started_dead_and_bounced_brokers():
+    change = D.broker_set_change([1, 2, 3], {1: 10, 2: 20, 3: 30}, [1, 2, 4], {1: 10, 2: 21, 4: 40})
+    assert change == D.BrokerSetChange(started=frozenset({2, 4}), dead=frozenset({3}), bounced=frozenset({2}))
+    assert change.moved and change.full_metadata_to() == [2, 4] and change.changes_to([1, 2, 4]) == [1]
+    same = D.broker_set_change([1, 2], {1: 10, 2: 20}, [1, 2], {1: 10, 2: 20})
+    assert same == D.BrokerSetChange(frozenset(), frozenset(), frozenset()) and not same.moved
+
+
+def test_restarted_isr_members_groups_partitions_by_who_registered_after_the_write():
+    states = {("t", 0): LeaderAndIsr(1, 3, (1, 2, 3), 1), ("t", 1): LeaderAndIsr(2, 3, (2, 3), 1),
+              ("gone", 0): LeaderAndIsr(2, 1, (2,), 1), ("t", 2): LeaderAndIsr(1, 1, (1,), 1)}
+    written_at = {("t", 0): 100, ("t", 1): 100, ("gone", 0): 100, ("t", 2): 100}
+    # Broker 2 re-registered at czxid 150 (after the writes); 3 registered before them; 1 is dead.
+    assert D.restarted_isr_members(states, [2, 3], {2: 150, 3: 50}, written_at, deleting={"gone"}) == {
+        frozenset({2}): {("t", 0): states[("t", 0)], ("t", 1): states[("t", 1)]}}
+    assert D.assignments_of({"t": {0: [1, 2, 3], 1: [2, 3, 1]}}, [("t", 1)]) == {"t": {1: [2, 3, 1]}}
