@@ -649,7 +649,8 @@ class Log:
     def _new_segment(self, base_offset: int, now_ms: int | None = None) -> LogSegment:
         seg = LogSegment.create(self._dir, base_offset, self._schema, self._schema_msg,
                                 self._config.index_interval_bytes,
-                                self._clock.time_ms() if now_ms is None else now_ms)
+                                self._clock.time_ms() if now_ms is None else now_ms,
+                                new_dir=not self._segments and self._parent_dir_dirty)
         self._dir_dirty = True
         return seg
 

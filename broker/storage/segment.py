@@ -116,16 +116,18 @@ class LogSegment:
     # ---- creation and loading --------------------------------------------------
     @classmethod
     def create(cls, directory: str, base_offset: int, schema: pa.Schema, schema_msg: bytes,
-               index_interval_bytes: int, created_ms: int) -> "LogSegment":
-        """A new empty segment: the data file holds only the schema message."""
+               index_interval_bytes: int, created_ms: int, new_dir: bool = False) -> "LogSegment":
+        """A new empty segment: the data file holds only the schema message.
+        `new_dir`: the directory was just created (no old index file to remove)."""
         seg = cls(directory, base_offset, schema, len(schema_msg), index_interval_bytes, created_ms)
         # No fsync here (the log's next flush fsyncs the file and the directory);
         # a schema message torn by a crash is repaired by recovery. The write
         # descriptor is opened again by the first append (descriptors are held
         # only while a segment is in use), and empty indexes are absent files.
         os.close(write_new_file(seg.path, schema_msg))
-        seg.offset_index.reset([])
-        seg.time_index.reset([])
+        if not new_dir:
+            seg.offset_index.reset([])
+            seg.time_index.reset([])
         return seg
 
     @classmethod
