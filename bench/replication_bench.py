@@ -1,18 +1,22 @@
 """`./build.sh bench replication`: replication costs and failover at scale.
 
 * produce with acks=all to RF=3 (3 local brokers, min.insync.replicas=2), as a
-  ratio of acks=1 to RF=1 on the same cluster in the same run;
+  ratio of acks=1 to RF=1 on the same cluster in the same run, and with the
+  followers fetching over Flight instead of gRPC (interleaved rounds), with the
+  CPU seconds of client, leader and followers;
 * failover at scale: N partitions (default 10,000; REPLIKAFKA_BENCH_PARTITIONS)
   led by one broker, which is killed; time from the controller noticing to every
   partition having a new leader, and to every partition having accepted a write;
 * controller failover with those N partitions: time to load and resend state;
-* end-to-end latency (produce acks=all -> consumer) at a moderate rate.
+* end-to-end latency (produce acks=all -> consumer) at 1,000 batches/s of 10
+  records, with a breakdown by stage (see ``latency``).
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -23,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 import replikafka
+from bench.cluster_bench import process_cpu_s
 from replikafka.local_cluster import LocalCluster
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
@@ -30,9 +35,11 @@ from replikafka.protocol import replikafka_pb2_grpc as pbg
 RECORDS = 1_000_000
 BATCH = 10_000
 PARTITIONS = 6
+THROUGHPUT_ROUNDS = 4
 SCALE_PARTITIONS = int(os.environ.get("REPLIKAFKA_BENCH_PARTITIONS", "10000"))
 LATENCY_SECONDS = 5.0
-LATENCY_RATE = 500  # records/s
+LATENCY_BATCHES_PER_S = 1000     # the issue's "modest load": 1,000 batches/s of 10 records
+LATENCY_BATCH_RECORDS = 10
 
 
 def _batch(first: int, n: int) -> pa.RecordBatch:
@@ -41,15 +48,22 @@ def _batch(first: int, n: int) -> pa.RecordBatch:
     return pa.record_batch([values], names=["value"])
 
 
-def _produce(bs: str, topic: str, acks) -> float:
+def _produce(bs: str, topic: str, acks) -> tuple[float, float]:
+    """(seconds, this process's CPU seconds) to produce RECORDS to ``topic``."""
     batches = [_batch(i, BATCH) for i in range(0, RECORDS, BATCH)]
     with replikafka.Producer(bs, acks=acks, linger_ms=0) as p:
         p.send(topic, batches[0].slice(0, 1), partition=0).result(timeout=60)  # warm: connections, imports
+        cpu = _own_cpu_s()
         t = time.perf_counter()
         futs = [p.send(topic, b, partition=i % PARTITIONS) for i, b in enumerate(batches)]
         for f in futs:
             f.result(timeout=300)
-        return time.perf_counter() - t
+        return time.perf_counter() - t, _own_cpu_s() - cpu
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def _log_time(line: str) -> float:
@@ -74,22 +88,62 @@ def _wait(predicate, timeout_s: float, what: str):
     raise RuntimeError(f"bench replication: timed out waiting for {what}")
 
 
+def _produce_with_cpu(cluster, topic: str, acks) -> tuple[float, float, dict[int, float]]:
+    """(seconds, client CPU s, broker id -> CPU s) of one produce of RECORDS."""
+    before = {b: process_cpu_s(cluster.procs[b].pid) for b in cluster.ids}
+    took, client_cpu = _produce(cluster.bootstrap_servers, topic, acks)
+    return took, client_cpu, {b: process_cpu_s(cluster.procs[b].pid) - before[b] for b in cluster.ids}
+
+
 def throughput(root: str) -> list[dict]:
-    cluster = LocalCluster(os.path.join(root, "tput"), 3, die_with_parent=True)
+    """acks=all to RF=3 against acks=1 to RF=1 on the same cluster, and the same with
+    the followers fetching over Flight (replica.fetch.transport=flight) on a second
+    cluster, rounds interleaved (gRPC, Flight, Flight, gRPC, ...). Every partition is
+    led by broker 1 and followed by 2 and 3, so the CPU seconds per role (client,
+    leader, followers; /proc/<pid>/stat) come out of each run."""
+    clusters = {}
+    rounds = {"grpc": [], "flight": []}
     try:
-        cluster.start()
-        bs = cluster.bootstrap_servers
-        admin = replikafka.Admin(bs)
-        admin.create_topic("rf3", partitions=PARTITIONS, replication_factor=3, schema="value BINARY",
-                           config={"min.insync.replicas": "2"})
-        admin.create_topic("rf1", partitions=PARTITIONS, replication_factor=1, schema="value BINARY")
-        base = _produce(bs, "rf1", 1)
-        ours = _produce(bs, "rf3", "all")
-        admin.close()
+        for transport in ("grpc", "flight"):
+            c = clusters[transport] = LocalCluster(os.path.join(root, f"tput-{transport}"), 3, die_with_parent=True,
+                                                   overrides={"replica.fetch.transport": transport})
+            c.start()
+            admin = replikafka.Admin(c.bootstrap_servers)
+            admin.create_topic("rf1", schema="value BINARY", assignment={p: [1] for p in range(PARTITIONS)})
+            admin.close()
+        for r in range(THROUGHPUT_ROUNDS):
+            for transport in (("grpc", "flight") if r % 2 == 0 else ("flight", "grpc")):
+                c = clusters[transport]
+                admin = replikafka.Admin(c.bootstrap_servers)
+                topic = f"rf3-{r}"
+                admin.create_topic(topic, schema="value BINARY", config={"min.insync.replicas": "2"},
+                                   assignment={p: [1, 2, 3] for p in range(PARTITIONS)})
+                admin.close()
+                time.sleep(1.0)   # the followers' fetchers start
+                rounds[transport].append(_produce_with_cpu(c, topic, "all"))
+        base = min(_produce_with_cpu(clusters["grpc"], "rf1", 1)[0] for _ in range(2))
     finally:
-        cluster.stop()
-    return [dict(bench="replication", metric="produce acks=all RF=3 records/s", value=RECORDS / ours,
-                 unit="records/s", baseline=RECORDS / base, ratio=base / ours)]
+        for c in clusters.values():
+            c.stop()
+    best = {t: min(rs, key=lambda x: x[0]) for t, rs in rounds.items()}
+    rows = [dict(bench="replication", metric="produce acks=all RF=3 records/s, baseline acks=1 RF=1",
+                 value=RECORDS / best["grpc"][0], unit="records/s", baseline=RECORDS / base,
+                 ratio=base / best["grpc"][0]),
+            dict(bench="replication", metric="produce acks=all RF=3 records/s, baseline the goal (3M)",
+                 value=RECORDS / best["grpc"][0], unit="records/s", baseline=3e6,
+                 ratio=RECORDS / best["grpc"][0] / 3e6),
+            dict(bench="replication", metric="produce acks=all RF=3, followers over Flight: records/s, baseline "
+                                             "followers over gRPC (best of interleaved rounds)",
+                 value=RECORDS / best["flight"][0], unit="records/s", baseline=RECORDS / best["grpc"][0],
+                 ratio=best["grpc"][0] / best["flight"][0])]
+    for transport in ("grpc", "flight"):
+        cpu = {k: statistics.median(x[1] if k == "client" else x[2][k] for x in rounds[transport])
+               for k in ("client", 1, 2, 3)}
+        rows.append(dict(bench="replication", metric=f"CPU s per {RECORDS:,} records acks=all RF=3 (followers over "
+                                                    f"{transport}; median of rounds): client / leader / follower 2 "
+                                                    f"/ follower 3",
+                         value=f"{cpu['client']:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f} / {cpu[3]:.2f}", unit="s"))
+    return rows
 
 
 def _write_everywhere(address: str, topic: str, n: int) -> None:
@@ -174,59 +228,124 @@ def failover_at_scale(root: str) -> list[dict]:
     return rows
 
 
+def _latency_series(bs: str, topic: str, acks, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+    """(ack ms, end-to-end ms) per batch: LATENCY_BATCHES_PER_S batches of
+    LATENCY_BATCH_RECORDS records sent without waiting (a fixed schedule), each
+    acknowledged through its future's callback and seen by a consumer (its Flight
+    long poll) in another thread; end to end is send -> the consumer's poll returns it."""
+    seen: dict[int, float] = {}
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def consume():
+        c = replikafka.Consumer(bs, fetch_max_wait_ms=200)
+        c.assign([(topic, 0)])
+        c.seek_to_end()
+        c.position((topic, 0))
+        ready.set()
+        while not stop.is_set():
+            t = c.poll(timeout_ms=200)
+            now = time.perf_counter()
+            if t.num_rows:
+                for v in t.column("value").to_pylist()[::LATENCY_BATCH_RECORDS]:
+                    seen.setdefault(int(v.split(b":")[0]), now)
+        c.close()
+
+    th = threading.Thread(target=consume, daemon=True)
+    th.start()
+    ready.wait(30)
+    sent: dict[int, float] = {}
+    acked: dict[int, float] = {}
+    with replikafka.Producer(bs, acks=acks, linger_ms=0) as prod:
+        prod.send(topic, [{"value": b"-1:warm"}], partition=0).result(timeout=30)
+        time.sleep(0.5)
+        total = int(seconds * LATENCY_BATCHES_PER_S)
+        start = time.perf_counter()
+        for i in range(total):
+            due = start + i / LATENCY_BATCHES_PER_S
+            while (left := due - time.perf_counter()) > 0:
+                time.sleep(left)
+            t0 = time.perf_counter()
+            sent[i] = t0
+            f = prod.send(topic, [{"value": b"%d:%d" % (i, j)} for j in range(LATENCY_BATCH_RECORDS)], partition=0)
+            f.add_done_callback(lambda _f, i=i: acked.__setitem__(i, time.perf_counter()))
+        prod.flush(60)
+    _wait(lambda: all(i in seen for i in sent), 60, "the consumer to see every batch")
+    stop.set()
+    th.join(timeout=5)
+    keys = sorted(sent)
+    return (np.array([acked[k] - sent[k] for k in keys]) * 1000, np.array([seen[k] - sent[k] for k in keys]) * 1000)
+
+
+def _round_trip_ms(cluster, n: int = 2000) -> np.ndarray:
+    """A Flight no-op action's round trip to a broker: the transport's floor."""
+    import pyarrow.flight as fl
+    import replikafka.client.metadata as M
+    from replikafka.client.connection import ConnectionPool, parse_bootstrap
+    pool = ConnectionPool()
+    meta = M.ClusterMetadata(pool, parse_bootstrap(cluster.bootstrap_servers), request_timeout_ms=10_000,
+                             retry_backoff_ms=100)
+    meta.refresh(all_topics=True)
+    client = fl.connect(f"grpc+tcp://{meta.brokers()[0].listener('FLIGHT')}")
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        list(client.list_actions())
+        out.append(time.perf_counter() - t)
+    client.close()
+    pool.close()
+    return np.array(out) * 1000
+
+
 def latency(root: str) -> list[dict]:
-    cluster = LocalCluster(os.path.join(root, "lat"), 3, die_with_parent=True,
-                           overrides={"replica.fetch.wait.max.ms": "500"})
+    """End-to-end latency at LATENCY_BATCHES_PER_S batches/s of LATENCY_BATCH_RECORDS
+    records, acks=all to RF=3 (min.insync.replicas=2), and where the milliseconds
+    go, from series measured in this run on this cluster: the transport's round
+    trip (a Flight no-op), acks=1 to RF=1 (the producer's hand-offs, the RPC, the
+    leader's append), acks=all's extra (the followers' fetch round trips, the HW's
+    advance, the waiting produce's wake-up), and the consumer's part (the long
+    poll's wake-up on the HW's advance and its DoGet: end to end minus the ack)."""
+    cluster = LocalCluster(os.path.join(root, "lat"), 3, die_with_parent=True)
     try:
         cluster.start()
         bs = cluster.bootstrap_servers
         admin = replikafka.Admin(bs)
-        admin.create_topic("lat", partitions=1, replication_factor=3, schema="value BINARY",
+        admin.create_topic("lat3", partitions=1, replication_factor=3, schema="value BINARY",
                            config={"min.insync.replicas": "2"})
+        admin.create_topic("lat1", partitions=1, replication_factor=1, schema="value BINARY")
         admin.close()
-        seen: dict[int, float] = {}
-        stop = threading.Event()
-
-        def consume():
-            c = replikafka.Consumer(bs, fetch_max_wait_ms=100)
-            c.assign([("lat", 0)])
-            c.seek(("lat", 0), 0)
-            while not stop.is_set():
-                t = c.poll(timeout_ms=200)
-                now = time.perf_counter()
-                for v in t.column("value").to_pylist() if t.num_rows else []:
-                    seen[int(v)] = now
-            c.close()
-
-        th = threading.Thread(target=consume, daemon=True)
-        th.start()
-        sent: dict[int, float] = {}
-        acked: list[float] = []
-        with replikafka.Producer(bs, acks="all", linger_ms=0) as prod:
-            i = 0
-            end = time.perf_counter() + LATENCY_SECONDS
-            while time.perf_counter() < end:
-                t0 = time.perf_counter()
-                sent[i] = t0
-                prod.send("lat", [{"value": str(i).encode()}], partition=0).result(timeout=30)
-                acked.append(time.perf_counter() - t0)
-                i += 1
-                time.sleep(max(0.0, 1.0 / LATENCY_RATE - (time.perf_counter() - t0)))
-        _wait(lambda: len(seen) >= len(sent), 30, "the consumer to see everything")
-        stop.set()
-        th.join(timeout=5)
+        rtt = _round_trip_ms(cluster)
+        ack1, e2e1 = _latency_series(bs, "lat1", 1, LATENCY_SECONDS)
+        ack3, e2e3 = _latency_series(bs, "lat3", "all", LATENCY_SECONDS)
     finally:
         cluster.stop()
-    e2e = np.array([seen[k] - sent[k] for k in sent]) * 1000
-    ack = np.array(acked) * 1000
-    return [dict(bench="replication", metric="end-to-end latency acks=all p50", value=float(np.percentile(e2e, 50)),
-                 unit="ms"),
-            dict(bench="replication", metric="end-to-end latency acks=all p99", value=float(np.percentile(e2e, 99)),
-                 unit="ms"),
-            dict(bench="replication", metric="produce ack latency acks=all p50", value=float(np.percentile(ack, 50)),
-                 unit="ms"),
-            dict(bench="replication", metric="produce ack latency acks=all p99", value=float(np.percentile(ack, 99)),
-                 unit="ms")]
+    p = lambda a, q: float(np.percentile(a, q))
+    rows = []
+    for q in (50, 99):
+        rows.append(dict(bench="replication", metric=f"end-to-end latency acks=all RF=3 p{q} (send -> consumer "
+                                                    f"sees; {LATENCY_BATCHES_PER_S} batches/s of "
+                                                    f"{LATENCY_BATCH_RECORDS}), baseline: RPC round trip p{q}",
+                         value=p(e2e3, q), unit="ms", baseline=p(rtt, q), ratio=p(e2e3, q) / p(rtt, q)))
+    for q in (50, 99):
+        rows.append(dict(bench="replication", metric=f"produce ack latency acks=all RF=3 p{q}, baseline: "
+                                                    f"acks=1 RF=1", value=p(ack3, q), unit="ms",
+                         baseline=p(ack1, q), ratio=p(ack3, q) / p(ack1, q)))
+    stages = [("RPC round trip (Flight no-op)", rtt),
+              ("acks=1 RF=1 ack", ack1),
+              ("acks=1 RF=1 end to end", e2e1),
+              ("acks=all RF=3 ack", ack3),
+              ("acks=all RF=3 end to end", e2e3)]
+    for name, a in stages:
+        rows.append(dict(bench="replication", metric=f"latency stage: {name} p50 / p99",
+                         value=f"{p(a, 50):.2f} / {p(a, 99):.2f}", unit="ms"))
+    breakdown = [("transport round trip", p(rtt, 50)),
+                 ("producer hand-offs + leader append (acks=1 ack - round trip)", p(ack1, 50) - p(rtt, 50)),
+                 ("replication: follower fetches, HW advance, produce wake-up (acks=all ack - acks=1 ack)",
+                  p(ack3, 50) - p(ack1, 50)),
+                 ("consumer: long-poll wake-up + DoGet (end to end - ack, acks=all)", p(e2e3, 50) - p(ack3, 50))]
+    for name, ms in breakdown:
+        rows.append(dict(bench="replication", metric=f"latency breakdown p50: {name}", value=ms, unit="ms"))
+    return rows
 
 
 def run() -> list[dict]:

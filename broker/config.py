@@ -439,6 +439,10 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "Bytes a follower's fetch waits for before the leader answers.", Range(1, INT_MAX)),
     _k("replica.fetch.backoff.ms", INT, 1000, "ms",
        "Pause after a follower's fetch fails.", Range(0, INT_MAX)),
+    _k("replica.fetch.transport", STRING, "grpc", "enum",
+       "How followers fetch from leaders without security: grpc (/replikafka.ReplicaData/Fetch) or flight (the "
+       "leader's Flight listener, action replica-fetch; same request and answer bytes). Secured clusters use grpc.",
+       OneOf("grpc", "flight")),
     _k("num.replica.fetchers", INT, 1, "threads",
        "Fetcher threads per source broker replicating its partitions.", Range(1, INT_MAX)),
     _k("replica.high.watermark.checkpoint.interval.ms", LONG, 5000, "ms",

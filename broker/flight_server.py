@@ -41,15 +41,20 @@ import pyarrow.flight as fl
 
 from replikafka import errors as E
 from replikafka import records as R
-from replikafka.broker.flight_security import allowed, require
+from replikafka.broker import replica_fetch_codec, replica_rpc
+from replikafka.broker.flight_security import MIDDLEWARE_KEY, allowed, require
+from replikafka.broker.wire_limits import WireLimits, check_request_entries
 from replikafka.broker.storage.log import clip_stored
 from replikafka.protocol import flight_produce, flight_ticket
+from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import to_flight_error
 
 log = logging.getLogger("replikafka.flight")
 #: Stored bytes read from the log per step of a stream (each step re-checks leadership and the HW).
 READ_STEP_BYTES = 8 << 20
 INT64_MAX = 2**63 - 1
+#: The Flight action a follower fetches with (``replica.fetch.transport=flight``).
+REPLICA_FETCH_ACTION = "replica-fetch"
 
 
 class InFlightBudget:
@@ -130,7 +135,8 @@ class BrokerFlightServer(fl.FlightServerBase):
                  wait_timeout_s: float, flight_location_of: Callable[[int], str | None],
                  partition_offsets: Callable[[str, list[tuple[int, int]]], dict], security=None,
                  tls_certificates=None, verify_client: bool = False, root_certificates=None,
-                 middleware: dict | None = None, max_put_bytes: int = 100 << 20):
+                 middleware: dict | None = None, max_put_bytes: int = 100 << 20,
+                 wire_limits: WireLimits | None = None):
         super().__init__(location, tls_certificates=tls_certificates or [], verify_client=verify_client,
                          root_certificates=root_certificates, middleware=middleware)
         self.tls = bool(tls_certificates)
@@ -142,6 +148,7 @@ class BrokerFlightServer(fl.FlightServerBase):
         self.flight_location_of = flight_location_of
         self.partition_offsets = partition_offsets
         self.max_put_bytes = max_put_bytes
+        self.wire_limits = wire_limits or WireLimits()
 
     # ------------------------------------------------------------ DoGet
     def do_get(self, context, ticket):
@@ -277,11 +284,37 @@ class BrokerFlightServer(fl.FlightServerBase):
                                     [], -1, -1)
 
     def do_action(self, context, action):
+        if action.type == REPLICA_FETCH_ACTION:
+            yield fl.Result(pa.py_buffer(self._replica_fetch(context, action.body)))
+            return
         if action.type == "in-flight-bytes":   # the budget's state, for operators and the memory-bound test
             yield json.dumps({"in_flight": self.budget.in_flight, "peak": self.budget.peak,
                               "max": self.budget.max_bytes}).encode()
             return
         raise to_flight_error(E.InvalidRequestError(f"unknown flight action {action.type!r}"))
 
+    def _replica_fetch(self, context, body) -> bytes:
+        """A follower's fetch over Flight (``replica.fetch.transport=flight``): the body is a
+        ``FetchRequest``, the answer the ``replica_fetch_codec`` bytes the gRPC
+        ``ReplicaData/Fetch`` returns, from the same ``ReplicaManager.fetch`` (long poll,
+        KIP-380 checks). Only on a broker without security: Flight cannot see a peer's
+        certificate, so secured clusters' followers fetch with gRPC."""
+        if context.get_middleware(MIDDLEWARE_KEY) is not None:
+            raise fl.FlightUnauthorizedError(
+                f"{E.ClusterAuthorizationFailedError.code}: a follower fetch over Flight needs a cluster without "
+                f"security (replica.fetch.transport=grpc there)")
+        try:
+            try:
+                request = pb.FetchRequest.FromString(body.to_pybytes() if body is not None else b"")
+            except Exception as exc:     # protobuf's DecodeError
+                raise E.InvalidRequestError(f"{REPLICA_FETCH_ACTION}: the body is not a FetchRequest ({exc})") \
+                    from None
+            check_request_entries(request, self.wire_limits)
+            return replica_fetch_codec.encode(replica_rpc.follower_fetch(self.replica_manager, request,
+                                                                         lambda: not context.is_cancelled()))
+        except E.ReplikafkaError as exc:
+            raise to_flight_error(exc) from None
+
     def list_actions(self, context):
-        return [("in-flight-bytes", "bytes of batches held by streams now, the peak, and the limit (JSON)")]
+        return [("in-flight-bytes", "bytes of batches held by streams now, the peak, and the limit (JSON)"),
+                (REPLICA_FETCH_ACTION, "a follower's fetch: FetchRequest in, replica_fetch_codec bytes out")]

@@ -199,8 +199,9 @@ class RequestMetrics:
 
 
 #: Flight method -> the ``request=`` label of its RequestMetrics (Kafka has no Flight; our names).
+# A Flight append (DoPut) is Kafka's Produce request: operators watch one Produce family.
 FLIGHT_REQUEST_NAMES = {"DO_GET": "FlightDoGet", "GET_FLIGHT_INFO": "FlightGetFlightInfo",
-                        "GET_SCHEMA": "FlightGetSchema", "LIST_FLIGHTS": "FlightListFlights"}
+                        "GET_SCHEMA": "FlightGetSchema", "LIST_FLIGHTS": "FlightListFlights", "DO_PUT": "Produce"}
 
 
 def flight_middleware_factory(requests: "RequestMetrics"):

@@ -58,15 +58,16 @@ class FollowerFetchResponse:
         self.partitions = partitions
 
 
-def decode(data: bytes) -> FollowerFetchResponse:
+def decode(data) -> FollowerFetchResponse:
+    """``data``: the response's bytes (gRPC) or a ``pyarrow.Buffer`` (a Flight action's body)."""
     if len(data) < _LEN.size:
         raise ValueError(f"follower fetch response of {len(data)} bytes has no header length")
     (n,) = _LEN.unpack_from(data, 0)
     end = _LEN.size + n
     if end > len(data):
         raise ValueError(f"follower fetch response header of {n} bytes overruns the {len(data)} received")
-    header = pb.FetchResponse.FromString(data[_LEN.size:end])
-    body = pa.py_buffer(data)
+    header = pb.FetchResponse.FromString(bytes(memoryview(data)[_LEN.size:end]))
+    body = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     out = []
     pos = end
     for p in header.partitions:

@@ -18,7 +18,7 @@ from replikafka.broker.replica import messages as M
 from replikafka.client.connection import open_channel, target_of
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
-from replikafka.protocol.rpc_errors import from_pb, from_rpc_error, to_pb
+from replikafka.protocol.rpc_errors import from_flight_error, from_pb, from_rpc_error, to_pb
 
 
 # ---------------------------------------------------------------- controller requests
@@ -238,3 +238,39 @@ class GrpcLeaderEndpoint:
 
     def close(self) -> None:
         self.channel.close()
+
+
+class FlightLeaderEndpoint:
+    """A follower's :class:`LeaderEndpoint` over the leader's Arrow Flight listener
+    (``replica.fetch.transport=flight``): a ``replica-fetch`` action with the
+    FetchRequest as its body, answered in the same ``replica_fetch_codec`` bytes
+    (batches as zero-copy slices of the action's result). Flight's server calls the
+    handler on its own gRPC thread (grpcio's hands each call to a worker pool first).
+    OffsetsForLeaderEpoch (rare) goes through ``grpc_endpoint``."""
+
+    ACTION = "replica-fetch"
+
+    def __init__(self, location: str, grpc_endpoint: GrpcLeaderEndpoint):
+        import pyarrow.flight as fl
+        self._fl = fl
+        self.location = location
+        self.client = fl.FlightClient(location)
+        self.grpc_endpoint = grpc_endpoint
+
+    def fetch(self, request: M.FetchRequest, timeout_s: float) -> list[M.FetchPartitionResult]:
+        fl = self._fl
+        try:
+            results = self.client.do_action(fl.Action(self.ACTION, fetch_request_pb(request).SerializeToString()),
+                                            fl.FlightCallOptions(timeout=timeout_s))
+            body = next(iter(results)).body
+        except fl.FlightError as exc:
+            raise from_flight_error(exc, self.location) from None
+        return follower_fetch_results(replica_fetch_codec.decode(body))
+
+    def offsets_for_leader_epoch(self, replica_id: int, queries: list[M.EpochQuery],
+                                 timeout_s: float) -> list[M.EpochEndOffset]:
+        return self.grpc_endpoint.offsets_for_leader_epoch(replica_id, queries, timeout_s)
+
+    def close(self) -> None:
+        self.client.close()
+        self.grpc_endpoint.close()

@@ -32,7 +32,7 @@ from replikafka.broker.flight_server import BrokerFlightServer
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.metrics import BrokerMetrics, flight_middleware_factory
 from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
-from replikafka.broker.replica_rpc import GrpcLeaderEndpoint, list_offsets
+from replikafka.broker.replica_rpc import FlightLeaderEndpoint, GrpcLeaderEndpoint, list_offsets
 from replikafka.broker.replica.replica_manager import ReplicaManager
 from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
@@ -240,7 +240,12 @@ class BrokerServer:
 
     def _leader_endpoint(self, leader_id: int):
         host, port = self.metadata.brokers.get(leader_id) or self.store.live_brokers().get(leader_id, ("", 0))
-        return GrpcLeaderEndpoint(host, port, self.channel_credentials)
+        grpc_endpoint = GrpcLeaderEndpoint(host, port, self.channel_credentials)
+        if self.config.get("replica.fetch.transport") == "flight" and not self.security.enabled:
+            location = self._flight_location(leader_id)
+            if location is not None:
+                return FlightLeaderEndpoint(location, grpc_endpoint)
+        return grpc_endpoint
 
     def _serve_grpc(self) -> None:
         """One gRPC server per gRPC listener, all through the same pipeline (so a
@@ -285,7 +290,8 @@ class BrokerServer:
                 max_bytes_in_flight=self.config.get("flight.max.bytes.in.flight"),
                 wait_timeout_s=self.config.get("request.timeout.ms") / 1000.0,
                 flight_location_of=self._flight_location, partition_offsets=self._partition_offsets,
-                security=self.security, max_put_bytes=self.config.get("socket.request.max.bytes"), **options)
+                security=self.security, max_put_bytes=self.config.get("socket.request.max.bytes"),
+                wire_limits=WireLimits.from_config(self.config), **options)
         except Exception as exc:    # pyarrow raises a plain OSError/ArrowException for a port in use
             from replikafka.errors import InvalidConfigError
             raise InvalidConfigError(f"listeners: cannot serve Arrow Flight on {listener} ({exc})") from None

@@ -9,6 +9,7 @@ import re
 import signal
 import threading
 import time
+import urllib.request
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -325,6 +326,25 @@ def test_doget_long_poll_waits_for_the_hw_and_is_bounded_by_max_wait(cluster3):
     c.close()
     reader.close()
     cl.close()
+    admin.close()
+
+
+def test_followers_fetch_over_flight_when_configured(cluster_factory):
+    """replica.fetch.transport=flight: followers fetch with the leader's replica-fetch
+    action (the same request and answer bytes as gRPC's ReplicaData/Fetch); acks=all
+    with min.insync.replicas=3 completes only once both followers have the batches, and
+    the followers' copies read back the same."""
+    c = cluster_factory(3, replica_fetch_transport="flight")
+    bs = c.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("viaflight", partitions=1, replication_factor=3, schema=SCHEMA,
+                       config={"min.insync.replicas": "3"})
+    n = _produce(bs, "viaflight", 0, [50, 7, 300])
+    assert _fetch_read(bs, "viaflight", 0, 0, n).column("value").to_pylist() == \
+        [b"value-%08d" % r + b"x" * (r % 50) for r in range(n)]
+    leader = admin.describe_topic("viaflight").partitions[0].leader
+    text = urllib.request.urlopen(c.metrics_url(leader) + "/metrics", timeout=10).read().decode()
+    assert re.search(r'requests_total\{request="FlightDoAction"\} [1-9]', text), "no follower fetch over Flight"
     admin.close()
 
 
