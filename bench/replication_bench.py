@@ -267,7 +267,8 @@ def _latency_series(bs: str, topic: str, acks, seconds: float) -> tuple[np.ndarr
                 time.sleep(left)
             t0 = time.perf_counter()
             sent[i] = t0
-            f = prod.send(topic, [{"value": b"%d:%d" % (i, j)} for j in range(LATENCY_BATCH_RECORDS)], partition=0)
+            values = pa.array([b"%d:%d" % (i, j) for j in range(LATENCY_BATCH_RECORDS)], pa.binary())
+            f = prod.send(topic, pa.record_batch([values], names=["value"]), partition=0)
             f.add_done_callback(lambda _f, i=i: acked.__setitem__(i, time.perf_counter()))
         prod.flush(60)
     _wait(lambda: all(i in seen for i in sent), 60, "the consumer to see every batch")

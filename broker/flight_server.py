@@ -14,7 +14,8 @@
   the received messages), fully validated, appended with their offsets, epoch and
   CRC added (the body goes to disk as received; its CRC-32C must equal the
   producer's), acks=all waiting for the HW as Produce does. One ``PutResult``
-  answers; a refusal is a Flight error carrying our error code. A stream holds at
+  answers, a result per append; a refused call is a Flight error carrying our
+  error code. A stream holds at
   most ``socket.request.max.bytes``.
 - ``GetFlightInfo(path=[topic])``: one endpoint per partition, at its leader's
   Flight listener, with a ticket for [log start, HW) in the leader's epoch.
@@ -197,16 +198,14 @@ class BrokerFlightServer(fl.FlightServerBase):
             cmd = flight_produce.decode(descriptor)
             require(context, self.security, "Write", cmd.topic)
             batches = self._read_put(reader, cmd)
-            part, result = self.replica_manager.append_flight(cmd, batches)
-            answer = flight_produce.encode_result(result.first_offset, result.record_count, -1,
-                                                  part.log.log_start_offset)
+            answer = flight_produce.encode_results(self.replica_manager.append_flight(cmd, batches))
         except E.ReplikafkaError as exc:
             raise to_flight_error(exc) from None
         writer.write(pa.py_buffer(answer))
 
     def _read_put(self, reader, cmd) -> list:
-        """The stream's batches: exactly one per CRC in the command, at most
-        ``max_put_bytes`` in all (refused as soon as the stream passes it)."""
+        """The stream's batches: exactly one per CRC in the command's appends, at
+        most ``max_put_bytes`` in all (refused as soon as the stream passes it)."""
         where = f"flight produce to {cmd.topic}-{cmd.partition}"
         batches = []
         nbytes = 0
@@ -224,14 +223,14 @@ class BrokerFlightServer(fl.FlightServerBase):
             if nbytes > self.max_put_bytes:
                 raise E.InvalidRequestError(f"{where}: more than socket.request.max.bytes "
                                             f"({self.max_put_bytes}) in one append")
-            if len(batches) == len(cmd.batch_crc32c):
-                raise E.InvalidRequestError(f"{where}: more batches than the {len(cmd.batch_crc32c)} "
+            if len(batches) == cmd.batch_count:
+                raise E.InvalidRequestError(f"{where}: more batches than the {cmd.batch_count} "
                                             f"CRC-32C values in the command")
             if batch.num_rows == 0:
                 raise E.InvalidRequestError(f"{where}: batch {len(batches)} holds no records")
             batches.append(batch)
-        if len(batches) != len(cmd.batch_crc32c):
-            raise E.InvalidRequestError(f"{where}: {len(batches)} batches for the {len(cmd.batch_crc32c)} "
+        if len(batches) != cmd.batch_count:
+            raise E.InvalidRequestError(f"{where}: {len(batches)} batches for the {cmd.batch_count} "
                                         f"CRC-32C values in the command")
         return batches
 

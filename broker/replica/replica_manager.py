@@ -311,22 +311,48 @@ class ReplicaManager:
                                                d.base_sequence, d.size_bytes)
         return part, result, min_isr
 
-    def append_flight(self, cmd, batches: list) -> tuple[Partition, "object"]:
+    def append_flight(self, cmd, batches: list) -> list:
         """A Flight append (``DoPut``, :mod:`replikafka.protocol.flight_produce`): the
-        batches as Arrow read them from the stream (zero-copy), fully validated here;
-        the producer's per-batch body CRC-32C is checked by the log against the CRC it
-        stores. acks=all waits as Produce does. Returns (partition, ProduceResult)."""
+        batches as Arrow read them from the stream (zero-copy), fully validated here,
+        appended as the command's appends in order (each with its own sequence; after
+        one fails, the ones behind it are not appended and carry its error, as in
+        Produce); the producer's per-batch body CRC-32C is checked by the log against
+        the CRC it stores. acks=all then waits, once, as Produce does. Returns per
+        append a dict of ``flight_produce.RESULT_KEYS`` or the error."""
         R.validate_topic_name(cmd.topic)
         part = self._partition_or_error(cmd.topic, cmd.partition)
         R.validate_untrusted_batches(batches, f"{cmd.topic}-{cmd.partition}")
-        result, min_isr = self._append_batches(part, batches, cmd.acks, cmd.producer_id, cmd.producer_epoch,
-                                               cmd.base_sequence, sum(b.nbytes for b in batches),
-                                               cmd.batch_crc32c)
+        results: list = []
+        waits = []
+        failed = None
+        at = 0
+        for a in cmd.appends:
+            group = batches[at:at + len(a.batch_crc32c)]
+            at += len(group)
+            if failed is not None:
+                results.append(failed)
+                continue
+            try:
+                result, min_isr = self._append_batches(part, group, cmd.acks, cmd.producer_id, cmd.producer_epoch,
+                                                       a.base_sequence, sum(b.nbytes for b in group),
+                                                       a.batch_crc32c)
+            except E.ReplikafkaError as exc:
+                failed = exc
+                results.append(exc)
+                continue
+            results.append(dict(base_offset=result.first_offset, record_count=result.record_count,
+                                log_append_time_ms=-1, log_start_offset=part.log.log_start_offset))
+            waits.append((len(results) - 1, result.last_offset + 1, min_isr))
         self.notify_data()
         if cmd.acks == -1:
             timeout_ms = cmd.timeout_ms if cmd.timeout_ms > 0 else self.config.get("request.timeout.ms")
-            part.wait_committed(result.last_offset + 1, self.clock.time_ms() + timeout_ms, min_isr)
-        return part, result
+            deadline = self.clock.time_ms() + timeout_ms
+            for i, end, min_isr in waits:
+                try:
+                    part.wait_committed(end, deadline, min_isr)
+                except E.ReplikafkaError as exc:
+                    results[i] = exc
+        return results
 
     def _append_batches(self, part: Partition, batches: list, acks: int, producer_id: int, producer_epoch: int,
                         base_sequence: int, nbytes: int, body_crc32c=None):

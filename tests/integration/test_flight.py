@@ -242,11 +242,12 @@ def test_bad_tickets_are_refused_naming_what_was_wrong_and_the_broker_keeps_serv
 
 def test_flight_appends_check_the_producers_crcs_and_refuse_bad_input_storing_nothing(cluster3):
     """DoPut (the producer's default path): a batch whose body does not hash to the
-    producer's CRC-32C, a command that does not parse, batches and CRCs that do not
-    pair up, and the wrong columns are each refused naming what was wrong; nothing of
-    them is stored, and the broker keeps serving."""
+    producer's CRC-32C and the wrong columns are refused in that append's result, a
+    command that does not parse and batches and CRCs that do not pair up refuse the
+    call, each naming what was wrong; nothing of them is stored, and the broker keeps
+    serving."""
     from replikafka.broker.storage.batch_format import body_crc32c
-    from replikafka.protocol.flight_produce import ProduceCommand
+    from replikafka.protocol.flight_produce import Append, ProduceCommand
     bs = cluster3.bootstrap_servers
     admin = replikafka.Admin(bs)
     admin.create_topic("puts", partitions=1, replication_factor=3, schema=SCHEMA, config={"min.insync.replicas": "2"})
@@ -274,18 +275,28 @@ def test_flight_appends_check_the_producers_crcs_and_refuse_bad_input_storing_no
         assert info.value.extra_info == code.encode(), info.value
         assert named in str(info.value), str(info.value)
 
-    cmd = lambda crcs, **kw: ProduceCommand("puts", 0, -1, 10_000, tuple(crcs), **kw).encode()
-    refused(cmd([crc ^ 0x10]), [good], "CORRUPT_MESSAGE", "batch 0: CRC-32C mismatch")
+    cmd = lambda crcs: ProduceCommand("puts", 0, -1, 10_000, (Append(-1, tuple(crcs)),)).encode()
+    def result_error(command: bytes, batches, schema=stored) -> dict:
+        (r,) = json.loads(put(command, batches, schema))["results"]
+        return r
+
+    r = result_error(cmd([crc ^ 0x10]), [good])
+    assert r["error_code"] == "CORRUPT_MESSAGE" and "batch 0: CRC-32C mismatch" in r["error_message"], r
     refused(b'{"v":1,"topic":"puts"}', [good], "INVALID_REQUEST", "missing field(s)")
     refused(b"\x00garbage", [good], "INVALID_REQUEST", "not UTF-8 JSON")
     refused(cmd([crc, crc]), [good], "INVALID_REQUEST", "1 batches for the 2 CRC-32C values")
     refused(cmd([crc]), [good, good], "INVALID_REQUEST", "more batches than the 1 CRC-32C values")
     other = pa.record_batch([pa.array([b"x"])], names=["value"])
-    refused(cmd(body_crc32c([other], other.schema)), [other], "INVALID_RECORD", "column 'key' is missing",
-            schema=other.schema)
-    refused(ProduceCommand("nope", 0, 1, 1000, (crc,)).encode(), [good], "UNKNOWN_TOPIC_OR_PARTITION", "'nope'")
-    answer = json.loads(put(cmd([crc]), [good]))
-    assert (answer["base_offset"], answer["record_count"]) == (n, 4)    # nothing of the refused ones stored
+    r = result_error(ProduceCommand("puts", 0, 1, 1000, (Append(-1, tuple(body_crc32c([other], other.schema))),)
+                                    ).encode(), [other], schema=other.schema)
+    assert r["error_code"] == "INVALID_RECORD" and "column 'key' is missing" in r["error_message"], r
+    refused(ProduceCommand("nope", 0, 1, 1000, (Append(-1, (crc,)),)).encode(), [good],
+            "UNKNOWN_TOPIC_OR_PARTITION", "'nope'")
+    # Two appends in one call: the first stored, the second's CRC refused (nothing of it stored).
+    two = ProduceCommand("puts", 0, -1, 10_000, (Append(-1, (crc,)), Append(-1, (crc ^ 1,)))).encode()
+    answer = json.loads(put(two, [good, good]))["results"]
+    assert (answer[0]["base_offset"], answer[0]["record_count"]) == (n, 4)    # nothing of the refused ones
+    assert answer[1]["error_code"] == "CORRUPT_MESSAGE", answer
     got = _fetch_read(bs, "puts", 0, 0, n + 4)
     assert got.column("value").to_pylist() == [b"value-%08d" % r + b"x" * (r % 50) for r in range(n + 4)]
     client.close()

@@ -34,7 +34,7 @@ from replikafka.client.partitioner import partition_for_key
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.broker.storage.batch_format import body_crc32c
 from replikafka.protocol import flight_produce
-from replikafka.protocol.flight_produce import ProduceCommand
+from replikafka.protocol.flight_produce import Append, ProduceCommand
 from replikafka.protocol.rpc_errors import from_flight_error, from_pb, to_pb
 from replikafka.protocol.produce_wire import PRODUCE_PATH, encode_produce_request
 from replikafka.records import encode_stream, records_crc32c, to_record_batch
@@ -490,13 +490,12 @@ class Producer:
         return self._produce_grpc(target, batches)
 
     def _produce_flight(self, address: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
-        """One DoPut per batch (:mod:`replikafka.protocol.flight_produce`): the pieces go
-        as Arrow batches (no IPC stream built here, no copy into a request), each with
-        its body CRC-32C (computed once, kept for retries). Different partitions' appends
-        run at once (each DoPut is its own stream); a partition's batches go one after
-        the other, in request order, and after one fails the ones behind it are not sent
-        (as the gRPC path's broker does). The answers become a ``ProduceResponse`` in
-        request order, as the gRPC path's."""
+        """One DoPut per partition (:mod:`replikafka.protocol.flight_produce`), its batches
+        as the call's appends in request order: the pieces go as Arrow batches (no IPC
+        stream built here, no copy into a request), each with its body CRC-32C
+        (computed once, kept for retries). All partitions' calls are started before
+        any answer is read (each DoPut is its own stream). The answers become a
+        ``ProduceResponse`` in request order, as the gRPC path's."""
         options = self._flight.call_options(self._request_timeout_ms / 1000 + 2.0)
         try:
             client = self._flight.client(address)
@@ -505,55 +504,50 @@ class Producer:
             raise E.BrokerNotAvailableError(f"could not open a Flight client to {address}: {exc}") from None
         out = pb.ProduceResponse()
         entries = [out.partitions.add(topic=b.tp[0], partition=b.tp[1], log_append_time_ms=-1) for b in batches]
-        waves: list[list[int]] = []      # wave k: the k-th batch of each partition
-        seen: dict = {}
+        by_partition: dict = {}
         for i, b in enumerate(batches):
-            k = seen[b.tp] = seen.get(b.tp, -1) + 1
-            if k == len(waves):
-                waves.append([])
-            waves[k].append(i)
-        failed: dict = {}
-        for wave in waves:
-            calls = []
-            for i in wave:
-                b = batches[i]
-                if b.tp in failed:
-                    entries[i].error.CopyFrom(failed[b.tp])
-                    continue
-                calls.append((i, self._start_put(client, options, b)))
-            for i, call in calls:
-                r = entries[i]
+            by_partition.setdefault(b.tp, []).append(i)
+        calls = [(idx, self._start_put(client, options, [batches[i] for i in idx])) for idx in by_partition.values()]
+        for idx, call in calls:
+            try:
+                if isinstance(call, Exception):
+                    raise call
+                writer, reader = call
                 try:
-                    if isinstance(call, Exception):
-                        raise call
-                    writer, reader = call
-                    try:
-                        answer = flight_produce.decode_result(reader.read())
-                    finally:
-                        writer.close()
-                    r.base_offset, r.record_count = answer["base_offset"], answer["record_count"]
-                    r.log_start_offset = answer["log_start_offset"]
-                    r.log_append_time_ms = answer["log_append_time_ms"]
-                    continue
-                except (fl.FlightError, pa.ArrowException, OSError) as exc:
-                    err = from_flight_error(exc, address)
-                    if isinstance(err, E.BrokerNotAvailableError):
-                        self._flight.mark_unreachable(address)  # the retry goes through gRPC
-                except E.ReplikafkaError as exc:
-                    err = exc
-                r.error.CopyFrom(to_pb(err))
-                failed[batches[i].tp] = r.error
+                    results = flight_produce.decode_results(reader.read(), len(idx))
+                finally:
+                    writer.close()
+            except (fl.FlightError, pa.ArrowException, OSError) as exc:
+                err = from_flight_error(exc, address)
+                if isinstance(err, E.BrokerNotAvailableError):
+                    self._flight.mark_unreachable(address)  # the retry goes through gRPC
+                results = [err] * len(idx)
+            except E.ReplikafkaError as exc:
+                results = [exc] * len(idx)
+            for i, got in zip(idx, results):
+                r = entries[i]
+                if isinstance(got, E.ReplikafkaError):
+                    r.error.CopyFrom(to_pb(got))
+                else:
+                    r.base_offset, r.record_count = got["base_offset"], got["record_count"]
+                    r.log_start_offset, r.log_append_time_ms = got["log_start_offset"], got["log_append_time_ms"]
         return out
 
-    def _start_put(self, client: fl.FlightClient, options, b: ProducerBatch):
-        """Start the DoPut of ``b`` and write its batches: (writer, reader), or the error."""
+    def _start_put(self, client: fl.FlightClient, options, batches: list[ProducerBatch]):
+        """Start the DoPut of one partition's ``batches`` and write them: (writer,
+        reader), or the error."""
         try:
-            if b.put is None:
-                rbs = b.put_batches(_CONCAT_BELOW_BYTES)
-                b.put = (rbs, body_crc32c(rbs, rbs[0].schema))
-            rbs, crcs = b.put
-            ids = (b.producer_id, b.producer_epoch, b.sequence) if self._idempotent else (-1, -1, -1)
-            cmd = ProduceCommand(b.tp[0], b.tp[1], self._acks, self._request_timeout_ms, tuple(crcs), *ids)
+            appends, rbs = [], []
+            for b in batches:
+                if b.put is None:
+                    pieces = b.put_batches(_CONCAT_BELOW_BYTES)
+                    b.put = (pieces, body_crc32c(pieces, pieces[0].schema))
+                appends.append(Append(b.sequence if self._idempotent else -1, tuple(b.put[1])))
+                rbs += b.put[0]
+            first = batches[0]
+            ids = (first.producer_id, first.producer_epoch) if self._idempotent else (-1, -1)
+            cmd = ProduceCommand(first.tp[0], first.tp[1], self._acks, self._request_timeout_ms, tuple(appends),
+                                 *ids)
             writer, reader = client.do_put(fl.FlightDescriptor.for_command(cmd.encode()), rbs[0].schema, options)
         except (fl.FlightError, pa.ArrowException, OSError, E.ReplikafkaError) as exc:
             return exc

@@ -4,23 +4,31 @@ A producer appends to one partition with one ``DoPut`` call: its descriptor is a
 command, compact JSON (UTF-8)::
 
     {"v": 1, "topic": "events", "partition": 0, "acks": -1, "timeout_ms": 30000,
-     "producer_id": 7, "producer_epoch": 0, "base_sequence": 120,
-     "batch_crc32c": [3735928559, 305419896]}
+     "producer_id": 7, "producer_epoch": 0,
+     "appends": [{"base_sequence": 120, "batch_crc32c": [3735928559, 305419896]},
+                 {"base_sequence": 20120, "batch_crc32c": [4022250974]}]}
 
 and its stream is the record batches, in the topic's stored schema (its columns
-then ``timestamp``), one stored batch each. ``batch_crc32c`` has one CRC-32C per
-batch, of the batch's IPC body (its column buffers, 8-byte padded: what the log
-stores under ``rk.crc32c``, :mod:`replikafka.broker.storage.batch_format`). The
-leader checks each against the body it stores and refuses the append if one
-differs, so a batch damaged between the producer's memory and the disk is never
-stored, and checking costs no pass over the data beyond the one the log makes.
+then ``timestamp``), one stored batch each: the first append's batches, then the
+next's. The appends are the producer's batches of this partition, appended in
+order (each its own idempotent sequence, as gRPC Produce's entries); acks=all
+waits once, for all of them. ``batch_crc32c`` has one CRC-32C per batch, of the
+batch's IPC body (its column buffers, 8-byte padded: what the log stores under
+``rk.crc32c``, :mod:`replikafka.broker.storage.batch_format`). The leader checks
+each against the body it stores and refuses the append if one differs, so a
+batch damaged between the producer's memory and the disk is never stored, and
+checking costs no pass over the data beyond the one the log makes.
 
-The answer is one ``PutResult`` whose ``app_metadata`` is JSON::
+The answer is one ``PutResult`` whose ``app_metadata`` is JSON, one result per
+append, in order (an append after a failed one is not made and carries the same
+error)::
 
-    {"base_offset": 1200, "record_count": 20000, "log_append_time_ms": -1,
-     "log_start_offset": 0}
+    {"results": [{"base_offset": 1200, "record_count": 20000, "log_append_time_ms": -1,
+                  "log_start_offset": 0},
+                 {"error_code": "NOT_ENOUGH_REPLICAS", "error_message": "..."}]}
 
-A refused append is a Flight error carrying our error code (as DoGet's).
+A refused call (a bad command, a stream that does not match it, no
+authorization) is a Flight error carrying our error code (as DoGet's).
 Decoding is strict: unknown or missing keys and wrong types raise
 :class:`InvalidRequestError` naming the field. Pure functions, thread-safe.
 """
@@ -35,8 +43,11 @@ from replikafka.protocol.flight_ticket import INT32_MAX, MAX_TICKET_BYTES
 from replikafka.records import validate_topic_name
 
 VERSION = 1
-_REQUIRED = ("v", "topic", "partition", "acks", "timeout_ms", "batch_crc32c")
-_OPTIONAL = ("producer_id", "producer_epoch", "base_sequence")
+_REQUIRED = ("v", "topic", "partition", "acks", "timeout_ms", "appends")
+_OPTIONAL = ("producer_id", "producer_epoch")
+_APPEND_KEYS = ("base_sequence", "batch_crc32c")
+#: Appends (producer batches of one partition) one call may carry.
+MAX_APPENDS = 1_000
 INT64_MAX = 2**63 - 1
 _WHERE = "flight produce"
 #: Batches one append may carry (a producer's batch is split at max.message.bytes; far fewer in practice).
@@ -52,25 +63,36 @@ def _int(field: str, value, lo: int, hi: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Append:
+    """One producer batch: its idempotent sequence (-1: none) and its batches' body CRC-32Cs."""
+    base_sequence: int
+    batch_crc32c: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ProduceCommand:
     topic: str
     partition: int
     acks: int
     timeout_ms: int
-    batch_crc32c: tuple[int, ...]
+    appends: tuple[Append, ...]
     producer_id: int = -1
     producer_epoch: int = -1
-    base_sequence: int = -1
 
     def __post_init__(self):
         _check(self)
 
+    @property
+    def batch_count(self) -> int:
+        return sum(len(a.batch_crc32c) for a in self.appends)
+
     def encode(self) -> bytes:
         d = {"v": VERSION, "topic": self.topic, "partition": self.partition, "acks": self.acks,
-             "timeout_ms": self.timeout_ms, "batch_crc32c": list(self.batch_crc32c)}
+             "timeout_ms": self.timeout_ms,
+             "appends": [{"base_sequence": a.base_sequence, "batch_crc32c": list(a.batch_crc32c)}
+                         for a in self.appends]}
         if self.producer_id >= 0:
-            d.update(producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                     base_sequence=self.base_sequence)
+            d.update(producer_id=self.producer_id, producer_epoch=self.producer_epoch)
         return json.dumps(d, separators=(",", ":")).encode()
 
 
@@ -85,14 +107,21 @@ def _check(c: ProduceCommand) -> None:
     if type(c.acks) is not int or c.acks not in (-1, 0, 1):
         raise _bad("acks", "-1 (all), 0 or 1", c.acks)
     _int("timeout_ms", c.timeout_ms, 0, INT32_MAX)
-    crcs = c.batch_crc32c
-    if not isinstance(crcs, tuple) or not crcs or len(crcs) > MAX_BATCHES:
-        raise _bad("batch_crc32c", f"a non-empty list of at most {MAX_BATCHES} CRC-32C values", crcs)
-    for v in crcs:
-        _int("batch_crc32c", v, 0, 0xFFFFFFFF)
+    if not isinstance(c.appends, tuple) or not c.appends or len(c.appends) > MAX_APPENDS:
+        raise _bad("appends", f"a non-empty list of at most {MAX_APPENDS} appends", c.appends)
+    total = 0
+    for a in c.appends:
+        _int("base_sequence", a.base_sequence, -1, INT32_MAX)
+        crcs = a.batch_crc32c
+        if not isinstance(crcs, tuple) or not crcs:
+            raise _bad("batch_crc32c", "a non-empty list of CRC-32C values", crcs)
+        total += len(crcs)
+        for v in crcs:
+            _int("batch_crc32c", v, 0, 0xFFFFFFFF)
+    if total > MAX_BATCHES:
+        raise _bad("appends", f"at most {MAX_BATCHES} batches in all", total)
     _int("producer_id", c.producer_id, -1, INT64_MAX)
     _int("producer_epoch", c.producer_epoch, -1, 32767)
-    _int("base_sequence", c.base_sequence, -1, INT32_MAX)
 
 
 def decode(data) -> ProduceCommand:
@@ -116,23 +145,44 @@ def decode(data) -> ProduceCommand:
         raise E.InvalidRequestError(f"flight produce: unknown field(s) {unknown}")
     if d["v"] != VERSION or type(d["v"]) is not int:
         raise _bad("v", f"{VERSION} (the produce command version this broker reads)", d["v"])
-    crcs = d["batch_crc32c"]
-    if not isinstance(crcs, list):
-        raise _bad("batch_crc32c", "a list of CRC-32C values", crcs)
-    return ProduceCommand(d["topic"], d["partition"], d["acks"], d["timeout_ms"], tuple(crcs),
-                          d.get("producer_id", -1), d.get("producer_epoch", -1), d.get("base_sequence", -1))
+    appends = d["appends"]
+    if not isinstance(appends, list):
+        raise _bad("appends", "a list of appends", appends)
+    parsed = []
+    for a in appends[:MAX_APPENDS + 1]:
+        if not isinstance(a, dict) or sorted(a) != sorted(_APPEND_KEYS):
+            raise _bad("appends", f"a list of objects with exactly {list(_APPEND_KEYS)}", a)
+        crcs = a["batch_crc32c"]
+        if not isinstance(crcs, list):
+            raise _bad("batch_crc32c", "a list of CRC-32C values", crcs)
+        parsed.append(Append(a["base_sequence"], tuple(crcs)))
+    return ProduceCommand(d["topic"], d["partition"], d["acks"], d["timeout_ms"], tuple(parsed),
+                          d.get("producer_id", -1), d.get("producer_epoch", -1))
 
 
-def encode_result(base_offset: int, record_count: int, log_append_time_ms: int, log_start_offset: int) -> bytes:
-    return (b'{"base_offset":%d,"record_count":%d,"log_append_time_ms":%d,"log_start_offset":%d}'
-            % (base_offset, record_count, log_append_time_ms, log_start_offset))
+RESULT_KEYS = ("base_offset", "record_count", "log_append_time_ms", "log_start_offset")
 
 
-def decode_result(data) -> dict:
-    """The leader's answer; CorruptRecordError if it is not one."""
+def encode_results(results: list) -> bytes:
+    """``results``: per append, a dict of RESULT_KEYS or an error of the tree."""
+    out = []
+    for r in results:
+        if isinstance(r, E.ReplikafkaError):
+            out.append({"error_code": r.code, "error_message": r.message})
+        else:
+            out.append({k: r[k] for k in RESULT_KEYS})
+    return json.dumps({"results": out}, separators=(",", ":")).encode()
+
+
+def decode_results(data, appends: int) -> list:
+    """The leader's answer: per append, a dict of RESULT_KEYS or an error of the tree;
+    CorruptRecordError if it is not one answer per append."""
     raw = data.to_pybytes() if hasattr(data, "to_pybytes") else bytes(data or b"")
     try:
-        d = json.loads(raw.decode("utf-8"))
-        return {k: int(d[k]) for k in ("base_offset", "record_count", "log_append_time_ms", "log_start_offset")}
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        results = json.loads(raw.decode("utf-8"))["results"]
+        if len(results) != appends:
+            raise ValueError(f"{len(results)} results for {appends} appends")
+        return [E.error_for_code(str(r["error_code"]), str(r["error_message"])) if "error_code" in r
+                else {k: int(r[k]) for k in RESULT_KEYS} for r in results]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise E.CorruptRecordError(f"flight produce: unreadable answer {raw[:80]!r} ({exc})") from None
