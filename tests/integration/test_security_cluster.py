@@ -227,10 +227,10 @@ def flight_calls(cluster, setup, before_acls: bool):
     import pyarrow.flight as fl
     from replikafka import records as R
     from replikafka.broker.storage.batch_format import body_crc32c
-    from replikafka.protocol.flight_produce import ProduceCommand
+    from replikafka.protocol.flight_produce import Append, ProduceCommand
     stored = R.stored_schema(R.KAFKA_SCHEMA)
     put_batch = flight_batch([b"flight-put"])
-    put_command = ProduceCommand(TOPIC, 0, 1, 10_000, tuple(body_crc32c([put_batch], stored))).encode()
+    put_command = ProduceCommand(TOPIC, 0, 1, 10_000, (Append(-1, tuple(body_crc32c([put_batch], stored))),)).encode()
     descriptor = fl.FlightDescriptor.for_path(TOPIC)
     admin, admin_opts = _flight(cluster, setup, setup.client_config("admin", "SASL_SSL"))
     info = admin.get_flight_info(descriptor, admin_opts)
@@ -267,7 +267,7 @@ def flight_calls(cluster, setup, before_acls: bool):
         assert rows >= 201
         leader_of_0 = info.endpoints[0].locations[0].uri.decode()    # the endpoints are in partition order
         writer = fl.FlightClient(leader_of_0, **_flight_tls(setup))
-        answer = json.loads(flight_put(writer, put_command, [put_batch], stored, opts))
+        (answer,) = json.loads(flight_put(writer, put_command, [put_batch], stored, opts))["results"]
         assert answer["record_count"] == 1 and answer["base_offset"] >= 101
 
 

@@ -31,6 +31,7 @@ import pytest
 
 import replikafka
 from cluster_helpers import BackgroundProducer, flight_batch, flight_put, read_committed, wait_until
+from replikafka import errors as E
 from replikafka import records as R
 from replikafka.broker import replica_fetch_codec
 from replikafka.broker.storage.batch_format import body_crc32c
@@ -250,17 +251,19 @@ def _flight_do_get(client, partition: int, rng: random.Random) -> tuple[str, byt
 def _flight_do_put(client, stored: pa.Schema, rng: random.Random) -> tuple[str, bytes, Exception | None]:
     batch = flight_batch([b"fuzz-%d" % i for i in range(rng.randint(1, 5))])
     crc = body_crc32c([batch], stored)[0]
-    valid = flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, (crc,)).encode()
+    append = lambda crcs: (flight_produce.Append(-1, tuple(crcs)),)
+    valid = flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, append([crc])).encode()
     kind, command = _mutated_bytes(valid, lambda: _hostile_json(flight_produce._REQUIRED, flight_produce._OPTIONAL,
                                                                 rng), rng)
     batches, schema = [batch], stored
     extra = rng.random()
     if kind == "valid" and extra < 0.3:
-        kind, command = "crc-mismatch", flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, (crc ^ 1,)).encode()
+        kind, command = "crc-mismatch", flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000,
+                                                                      append([crc ^ 1])).encode()
     elif kind == "valid" and extra < 0.6:
         bad = _invalid_batch(stored, rng)
         kind, batches = "invalid-arrow", [bad]
-        command = flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, tuple(body_crc32c([bad], stored))).encode()
+        command = flight_produce.ProduceCommand(OTHER_TOPIC, 0, 1, 1000, append(body_crc32c([bad], stored))).encode()
     elif kind == "valid" and extra < 0.7:
         kind, schema = "wrong-schema", pa.schema([("value", pa.int64())])
         batches = [pa.record_batch([pa.array([1, 2])], schema=schema)]
@@ -269,6 +272,14 @@ def _flight_do_put(client, stored: pa.Schema, rng: random.Random) -> tuple[str, 
         return kind, command, None
     except Exception as exc:   # every failure is judged by the caller
         return kind, command, exc
+
+
+class AppendRefused(Exception):
+    """A DoPut answered with an append's error in its result (named by its code)."""
+
+    def __init__(self, code: str):
+        super().__init__(code)
+        self.code = code
 
 
 def _flight_clients(bootstrap: str, ids) -> dict:
@@ -296,6 +307,8 @@ def _flight_fuzz_one(call: str, clients: dict, leaders: dict, stored: pa.Schema,
 def _flight_outcome(exc: Exception | None, data: bytes) -> tuple[str, str | None]:
     if exc is None:
         return "ok", None
+    if isinstance(exc, AppendRefused):
+        return exc.code, None
     if _flight_named(exc):
         return exc.extra_info.decode(), None
     if isinstance(exc, fl.FlightTimedOutError) and b'"max_wait_ms"' in data:
