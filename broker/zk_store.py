@@ -183,6 +183,12 @@ class ZkStore:
                 continue
         return out
 
+    def controller_is_ours(self) -> bool:
+        """Whether ``/controller`` is an ephemeral of this client's own session (an earlier
+        incarnation's node, left until its session times out, is not)."""
+        stat = self.zk.exists(CONTROLLER)
+        return stat is not None and stat.ephemeralOwner == self.zk.client_id[0]
+
     def try_elect_controller(self, broker_id: int) -> bool:
         data = _json({"brokerid": broker_id, "timestamp": str(int(time.time() * 1000))})
         try:

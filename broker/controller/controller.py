@@ -100,6 +100,9 @@ class Controller:
         self.ctx = ControllerContext()
         self.active = False
         self.session_lost = False        # set by the session listener; cleared by SessionReestablished
+        # An event stopped by a lost connection (the session lives on): run for election again
+        # once connected, to take the role back while this session still holds /controller.
+        self.reelect_when_connected = False
         self.queued: set[V.ControllerEvent] = set()   # coalescing events now in the queue
         self.queued_lock = threading.Lock()
         self.recent: collections.deque = collections.deque(maxlen=RECENT_EVENTS_MAX)
@@ -190,7 +193,11 @@ class Controller:
             self.do_work(timeout_s=0.5)
 
     def schedule_timed_events(self) -> None:
-        """The periodic auto leader rebalance check becomes an event like any other."""
+        """The periodic auto leader rebalance check becomes an event like any other; so
+        does the election after a lost connection, once the connection is back."""
+        if self.reelect_when_connected and self.zk.connected and not self.session_lost:
+            self.reelect_when_connected = False
+            self.enqueue(V.Elect())
         now = self.clock()
         if self.active and self.auto_rebalance_enable and now >= self.next_rebalance_check:
             self.next_rebalance_check = now + self.imbalance_check_interval_s
@@ -222,8 +229,15 @@ class Controller:
             log.warning("broker %d: lost the controller role during %s", self.broker_id, name)
             self._resign(delete_znode=False)
         except (SessionExpiredError, ConnectionLoss) as exc:
-            # The session listener stops the controller too; this event's work is moot.
+            # This event's work stopped half way: stop acting on what it left. An expired
+            # session also stops the controller through the session listener, and a new one
+            # brings SessionReestablished. A lost connection keeps the session, and with it
+            # this broker's /controller: nobody else can be elected, so this controller runs
+            # for election again once connected and takes the role back with a new epoch
+            # (a full failover redoes what the event left undone).
             log.warning("broker %d: controller event %s stopped by ZooKeeper: %r", self.broker_id, name, exc)
+            if self.active and isinstance(exc, ConnectionLoss):
+                self.reelect_when_connected = True
             self._resign(delete_znode=False)
         except Exception:
             if not self.stopped.is_set():
@@ -236,14 +250,18 @@ class Controller:
         current = self.store.get_controller_id(watch=self._watch(V.Elect()))
         if current == self.broker_id and self.active:
             return
-        if current != -1:
+        if current == self.broker_id and self.store.controller_is_ours():
+            log.warning("broker %d: taking the controller role back (this session still holds /controller)",
+                        self.broker_id)
+        elif current != -1:
             if self.active:
                 self._resign(delete_znode=False)
             return
-        if not self.store.try_elect_controller(self.broker_id):
+        elif not self.store.try_elect_controller(self.broker_id):
             self.store.get_controller_id(watch=self._watch(V.Elect()))
             return
-        self.store.get_controller_id(watch=self._watch(V.Elect()))
+        else:
+            self.store.get_controller_id(watch=self._watch(V.Elect()))
         epoch, version = self.store.increment_controller_epoch()
         self.ctx = ControllerContext(epoch=epoch, epoch_zk_version=version)
         self.active = True

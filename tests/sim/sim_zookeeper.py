@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kazoo.exceptions import (BadVersionError, NoNodeError, NodeExistsError, NotEmptyError, RolledBackError,
-                              RuntimeInconsistency, SessionExpiredError)
+from kazoo.exceptions import (BadVersionError, ConnectionLoss, NoNodeError, NodeExistsError, NotEmptyError,
+                              RolledBackError, RuntimeInconsistency, SessionExpiredError)
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent, ZnodeStat
 
 
@@ -235,6 +235,7 @@ class SimKazooClient:
         self.listeners: list = []
         self.session_id = server.open_session(self)
         self.expired = False
+        self.connected = True   # kazoo's KazooClient.connected: False while the connection is down
 
     # ------------------------------------------------------------ sessions
     @property
@@ -253,12 +254,27 @@ class SimKazooClient:
         """A new session after an expiry (kazoo reconnects by itself)."""
         self.session_id = self.server.open_session(self)
         self.expired = False
+        self.connected = True
+        for listener in list(self.listeners):
+            listener(KazooState.CONNECTED)
+
+    def disconnect(self) -> None:
+        """The connection drops; the session lives on (calls raise ConnectionLoss, as kazoo's)."""
+        self.connected = False
+        for listener in list(self.listeners):
+            listener(KazooState.SUSPENDED)
+
+    def reconnect_same_session(self) -> None:
+        """The connection is back within the session timeout: same session, ephemerals and watches."""
+        self.connected = True
         for listener in list(self.listeners):
             listener(KazooState.CONNECTED)
 
     def _server(self) -> SimZooKeeper:
         if self.expired:
             raise SessionExpiredError()
+        if not self.connected:
+            raise ConnectionLoss()
         return self.server
 
     # ------------------------------------------------------------ kazoo's API (the part we use)

@@ -128,6 +128,53 @@ def test_session_lost_stops_the_controller_at_once_and_quietly(caplog):
     assert not c1.active and not c1.session_lost
 
 
+def test_a_lost_connection_mid_event_takes_the_role_back_once_connected(caplog):
+    """A 10,000-request wire fuzz once starved a controller's ZooKeeper heartbeats: an
+    event failed with ConnectionLoss and the controller stopped acting, yet its session,
+    and so its /controller znode, lived on. No broker could be elected and the cluster
+    had no controller for minutes. Once connected it must take the role back."""
+    server = SimZooKeeper()
+    c1, c2 = controller(server, 1), controller(server, 2)
+    c1.enqueue(V.Elect())
+    drain(c1)
+    c2.enqueue(V.Elect())
+    drain(c2)
+    assert (c1.active, c2.active, c1.ctx.epoch) == (True, False, 1)
+    caplog.set_level(logging.INFO, logger="replikafka.controller")
+    c1.store.zk.disconnect()
+    c1.enqueue(V.BrokerChange())
+    drain(c1)
+    assert not c1.active
+    c1.schedule_timed_events()                  # still disconnected: no election yet
+    assert queued(c1) == []
+    c1.store.zk.reconnect_same_session()
+    c1.schedule_timed_events()
+    assert queued(c1) == [V.Elect()]
+    drain(c1)
+    assert c1.active and c1.ctx.epoch == 2 and c1.store.get_controller_id() == 1
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    c1.schedule_timed_events()
+    assert queued(c1) == []                     # once only
+    drain(c2)
+    assert not c2.active
+
+
+def test_a_node_left_by_an_earlier_session_is_not_taken_over():
+    server = SimZooKeeper()
+    old = controller(server, 1)
+    old.enqueue(V.Elect())
+    drain(old)
+    assert old.active
+    new = C.Controller(1, Z.ZkStore(SimKazooClient(server)), clock=lambda: 0.0)   # restarted: a new session
+    new.channels = NoChannels()
+    new.enqueue(V.Elect())
+    drain(new)
+    assert not new.active                       # waits for the old session's node to go
+    server.expire(old.store.zk.session_id)
+    drain(new)                                  # the watch on /controller fired
+    assert new.active and new.ctx.epoch == 2
+
+
 def test_resignation_drops_the_queued_work_quietly(caplog):
     server = SimZooKeeper()
     c1, c2 = controller(server, 1), controller(server, 2)
