@@ -113,14 +113,12 @@ def fetch_request_pb(req: M.FetchRequest) -> pb.FetchRequest:
 
 def _fetch_header(out: pb.FetchResponse, r: M.FetchPartitionResult) -> pb.FetchPartitionResponse:
     # Added in place: appending a finished message would copy its records again.
-    e = out.partitions.add(topic=r.topic, partition=r.partition)
-    if r.error is not None:
+    e = out.partitions.add(topic=r.topic, partition=r.partition, high_watermark=r.high_watermark,
+                           log_end_offset=r.log_end_offset, log_start_offset=r.log_start_offset)
+    if r.error is not None:   # (a follower's OFFSET_OUT_OF_RANGE still says where the leader's log is)
         e.error.CopyFrom(to_pb(r.error))
-    else:
-        e.high_watermark, e.log_end_offset, e.log_start_offset = \
-            r.high_watermark, r.log_end_offset, r.log_start_offset
-        if r.records is not None:
-            e.records_base_offset, e.record_count = r.records_base_offset, r.record_count
+    elif r.records is not None:
+        e.records_base_offset, e.record_count = r.records_base_offset, r.record_count
     return e
 
 

@@ -402,6 +402,7 @@ class ReplicaManager:
             r = M.FetchPartitionResult(fp.topic, fp.partition)
             out.append(r)
             size = 0
+            part = None
             try:
                 part = self._partition_or_error(fp.topic, fp.partition)
                 max_bytes = min(fp.partition_max_bytes or budget, max(budget - total, 1))
@@ -431,6 +432,12 @@ class ReplicaManager:
                 total += size
                 if size:
                     self.stats.fetched(fp.topic, size, r.record_count, req.replica_id >= 0)
+            except E.OffsetOutOfRangeError as exc:
+                r.error, any_error = exc, True
+                if req.replica_id >= 0 and part is not None:
+                    # A follower behind our log start (retention) starts over there: it
+                    # needs to know where that is (Kafka's follower asks ListOffsets).
+                    r.log_start_offset, r.log_end_offset = part.log.log_start_offset, part.log.log_end_offset
             except E.ReplikafkaError as exc:
                 r.error = exc
                 any_error = True

@@ -275,3 +275,37 @@ def test_fetcher_do_work_with_nothing_to_fetch_asks_to_back_off(tmp_path):
     fetcher = ReplicaFetcher(2, 1, ScriptedLeader(None), {}.get, max_wait_ms=0, min_bytes=1, max_bytes=1,
                              backoff_ms=10, request_timeout_s=1.0)
     assert fetcher.do_work() is False
+
+
+def test_a_follower_behind_the_leaders_log_start_starts_over_there(broker, tmp_path):
+    """The leader deleted what the follower still needs (retention, or a follower down
+    for long): the follower's fetch is OFFSET_OUT_OF_RANGE with the leader's log start,
+    and the fetcher starts the follower's log over at it (Kafka's follower does the same
+    after asking the leader's earliest offset). Without the log start in the answer
+    the follower truncated by epoch, fetched at its LEO again, and never caught up."""
+    from replikafka.broker.storage import Log, LogConfig
+    broker.leader_and_isr(1, 3, (1, 2))
+    broker.produce([b"a", b"b", b"c"], acks=1)
+    leader = broker.rm.get(TP)
+    leader.log.delete_records_before(3)
+    broker.produce([b"d"], acks=1)
+    [r] = broker.follower_fetch(2, 0)
+    assert (r.error.code, r.log_start_offset, r.log_end_offset) == ("OFFSET_OUT_OF_RANGE", 3, 4)
+
+    class Leader(ScriptedLeader):   # answers through the real ReplicaManager
+        def fetch(self, request, timeout_s):
+            self.requests.append(("fetch", request))
+            return broker.rm.fetch(request)
+
+    follower = Partition("t", 0, 2, Log.open(str(tmp_path / "follower" / "t-0"), LogConfig(), SCHEMA,
+                                             clock=broker.clock), broker.clock)
+    follower.make_follower(1, 3, (1, 2), (1, 2, 3), 0, 1)
+    fetcher = ReplicaFetcher(2, 1, Leader(leader), {TP: follower}.get, max_wait_ms=0, min_bytes=1,
+                             max_bytes=1 << 20, backoff_ms=10, request_timeout_s=1.0, broker_epoch=lambda: 20)
+    fetcher.add(TP, 3)
+    fetcher.do_work()                     # truncation (nothing to cut), a fetch at 0: out of range
+    assert (follower.log.log_start_offset, follower.log.log_end_offset) == (3, 3)
+    fetcher.do_work()                     # from the leader's log start on
+    assert (follower.log.log_start_offset, follower.log.log_end_offset) == (3, 4)
+    fetcher.do_work()                     # its fetch at 4 commits the rest
+    assert (follower.hw, leader.hw) == (4, 4)
