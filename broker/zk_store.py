@@ -584,6 +584,23 @@ class ZkStore:
                 pass
         return out
 
+    def update_partition_states(self, updates: list[tuple[str, int, LeaderAndIsr, int]]) -> list:
+        """Many conditional state writes (topic, partition, state, expected version),
+        pipelined: one round trip for a leader's whole pass of ISR changes, not one
+        each (after a restart a leader expands 16,000 ISRs). Per update, in order: the
+        new version, None if the version did not match (or the znode is gone), or the
+        exception ZooKeeper gave (the caller decides)."""
+        asyncs = [self.zk.set_async(state_path(t, p), s.to_json(), version=v) for t, p, s, v in updates]
+        out: list = []
+        for a in asyncs:
+            try:
+                out.append(a.get().version)
+            except (BadVersionError, NoNodeError):
+                out.append(None)
+            except Exception as exc:      # noqa: BLE001 - handed to the caller, in order
+                out.append(exc)
+        return out
+
     def update_partition_state(self, topic: str, partition: int, state: LeaderAndIsr,
                                expected_version: int) -> int | None:
         try:

@@ -593,13 +593,21 @@ class ReplicaManager:
         with self.lock:
             parts = [p for p in self.partitions.values() if p.role == LEADER]
         changed = []
+        todo = []
         for part in parts:
             wanted = part.isr_change_wanted(lag)
-            if wanted is None:
+            if wanted is not None:
+                new_isr, decided_in, leader_epoch, zk_version, controller_epoch = wanted
+                todo.append((part, new_isr, decided_in, zk_version,
+                             LeaderAndIsr(self.broker_id, leader_epoch, tuple(new_isr), controller_epoch)))
+        # All of this pass's writes at once (pipelined), each still conditional on its version.
+        versions = self.store.update_partition_states(
+            [(part.topic, part.partition, state, zk_version) for part, _n, _d, zk_version, state in todo])
+        failure = next((v for v in versions if isinstance(v, Exception)), None)
+        for (part, new_isr, decided_in, _zk_version, _state), version in zip(todo, versions):
+            if isinstance(version, Exception):
+                part.isr_change_done(new_isr, None, decided_in)   # not written: decided again next pass
                 continue
-            new_isr, decided_in, leader_epoch, zk_version, controller_epoch = wanted
-            state = LeaderAndIsr(self.broker_id, leader_epoch, tuple(new_isr), controller_epoch)
-            version = self.store.update_partition_state(part.topic, part.partition, state, zk_version)
             if version is None:
                 current = self.store.get_partition_state(part.topic, part.partition)
                 part.isr_change_done(new_isr, None, decided_in)
@@ -623,6 +631,8 @@ class ReplicaManager:
         if changed:
             self.store.notify_isr_change(changed)
             self.notify_data()
+        if failure is not None:
+            raise failure
         return len(changed)
 
     def _demote_zombie(self, part: Partition, current) -> None:

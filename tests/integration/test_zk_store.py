@@ -37,6 +37,11 @@ def test_state_creates_in_multis_leave_existing_states_alone(kazoo_client):
     got = store.get_partition_states(list(again))
     assert got[("b", 4)] == (LeaderAndIsr(2, 1, (2,), 4), 1) and got[("b", 2)] == (first[("b", 2)], 0)
     assert all(got[("b", p)] == (again[("b", p)], 0) for p in range(1, 1200, 2))
+    # Pipelined conditional writes (a leader's ISR changes): each applied or refused on its own.
+    new = LeaderAndIsr(1, 0, (1,), 4)
+    assert store.update_partition_states([("b", 2, new, 0), ("b", 4, new, 0), ("b", 3, new, 0),
+                                          ("missing", 0, new, 0)]) == [1, None, 1, None]
+    assert store.get_partition_state("b", 4) == (LeaderAndIsr(2, 1, (2,), 4), 1)
 
 
 def test_registration_publishes_every_listener(kazoo_client):

@@ -331,6 +331,12 @@ class SimKazooClient:
     def set(self, path: str, value: bytes, version: int = -1):
         return self._server()._set(path, value, version)
 
+    def set_async(self, path: str, value: bytes, version: int = -1):
+        try:
+            return _Done(self.set(path, value, version))
+        except Exception as exc:      # noqa: BLE001 - as kazoo's: every failure comes from get()
+            return _Done(exc=exc)
+
     def delete(self, path: str, version: int = -1, recursive: bool = False):
         zk = self._server()
         if recursive:
