@@ -145,7 +145,8 @@ def run() -> list[dict]:
         empty_rss, empty_fds = _proc_usage(cluster.procs[victim].pid)
         floor = _zk_floor(cluster, n)
 
-        admin = replikafka.Admin(cluster.bootstrap_servers)
+        # 5 minutes a request: a 50,000-partition metadata answer on a loaded machine took over 30 s.
+        admin = replikafka.Admin(cluster.bootstrap_servers, request_timeout_ms=300_000)
         t0 = time.time()
         try:
             admin.create_topic(TOPIC, partitions=n, replication_factor=3, schema="value BINARY",
