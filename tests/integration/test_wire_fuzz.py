@@ -268,10 +268,18 @@ def _flight_do_put(client, stored: pa.Schema, rng: random.Random) -> tuple[str, 
         kind, schema = "wrong-schema", pa.schema([("value", pa.int64())])
         batches = [pa.record_batch([pa.array([1, 2])], schema=schema)]
     try:
-        flight_put(client, command, batches, schema, fl.FlightCallOptions(timeout=10))
-        return kind, command, None
+        answer = flight_put(client, command, batches, schema, fl.FlightCallOptions(timeout=10))
+        (result,) = flight_produce.decode_results(answer, 1)
     except Exception as exc:   # every failure is judged by the caller
         return kind, command, exc
+    if isinstance(result, E.ReplikafkaError):   # the append's own error, in the answer
+        if result.code == "UNKNOWN_SERVER_ERROR":
+            return kind, command, RuntimeError(f"append refused without a name: {result}")
+        return kind, command, AppendRefused(result.code)
+    return kind, command, None
+
+
+DAMAGED_APPENDS = ("crc-mismatch", "invalid-arrow", "wrong-schema")
 
 
 class AppendRefused(Exception):
@@ -301,6 +309,8 @@ def _flight_fuzz_one(call: str, clients: dict, leaders: dict, stored: pa.Schema,
     else:
         kind, data, exc = _flight_do_put(clients[broker], stored, rng)
     outcome, wrong = _flight_outcome(exc, data)
+    if outcome == "ok" and kind in DAMAGED_APPENDS:
+        wrong = "a damaged append was stored"
     return broker, kind, outcome, wrong
 
 
