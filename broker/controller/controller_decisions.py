@@ -66,8 +66,8 @@ def elect_leader(replicas: list[int], current: LeaderAndIsr, live: set[int], con
     """Offline-partition election: the first replica (assignment order) that is
     alive and in the ISR, brokers in ``avoid`` (shutting down) only if no other
     will do. With none: unclean election if allowed (data loss, logged loudly by
-    the shell), else the partition stays offline keeping its last ISR so that
-    member can lead when it returns. None = nothing to change."""
+    the shell), else the partition stays offline with its last leader as its ISR,
+    so that it leads when it returns. None = nothing to change."""
     live_isr = [r for r in current.isr if r in live]
     candidates = sorted((r for r in replicas if r in live_isr), key=lambda r: r in avoid)
     if candidates:
@@ -81,8 +81,13 @@ def elect_leader(replicas: list[int], current: LeaderAndIsr, live: set[int], con
         return Election(LeaderAndIsr(leader, current.leader_epoch + 1, (leader,), controller_epoch), unclean=True)
     if current.leader == NO_LEADER:
         return None
-    # Offline: keep the ISR (its members are the only ones who may lead cleanly).
-    return Election(LeaderAndIsr(NO_LEADER, current.leader_epoch + 1, current.isr, controller_epoch))
+    # Offline. Only the last leader stays in the ISR: it holds everything acknowledged,
+    # while a follower that died with it may have crashed and lost unflushed records it
+    # had already fetched (the simulation's seed 9976 elected such a follower, restarted
+    # empty, and lost an acknowledged record the zombie leader still held). Kafka's replica
+    # state machine likewise takes offline replicas out of the ISR, never emptying it.
+    isr = (current.leader,) if current.leader in current.isr else current.isr
+    return Election(LeaderAndIsr(NO_LEADER, current.leader_epoch + 1, isr, controller_epoch))
 
 
 def remove_from_isr(current: LeaderAndIsr, dead: set[int], controller_epoch: int) -> LeaderAndIsr | None:

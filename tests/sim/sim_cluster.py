@@ -54,6 +54,7 @@ from sim_zookeeper import SimKazooClient, SimZooKeeper
 TOPIC = "sim"
 TP = tuple[str, int]
 STEP_MS_MAX = 200
+TRACE_KEPT = int(os.environ.get("SIM_TRACE_KEPT", "60"))   # trace lines a failure keeps (more to debug one)
 
 
 class SimRpcError(grpc.RpcError):
@@ -350,7 +351,7 @@ class Simulation:
     # ------------------------------------------------------------ helpers
     def note(self, what: str) -> None:
         self.trace.append(f"[{self.step_no}] {what}")
-        del self.trace[:-60]
+        del self.trace[:-TRACE_KEPT]
 
     def up(self) -> list[SimBroker]:
         return [b for b in self.brokers.values() if b.up]

@@ -52,6 +52,10 @@ def test_no_live_isr_member_goes_offline_keeping_the_isr_unless_unclean():
         D.Election(LeaderAndIsr(-1, 5, (1,), 2))
     e = D.elect_leader([1, 2, 3], cur, {2, 3}, 2, unclean_allowed=True)
     assert e.unclean and e.state == LeaderAndIsr(2, 5, (2,), 2)
+    # The leader and a follower died together: only the leader stays in the ISR (the
+    # follower may have crashed and lost what it had fetched; the leader holds all of it).
+    assert D.elect_leader([1, 2, 3], LeaderAndIsr(2, 4, (2, 1), 1), {3}, 2, unclean_allowed=False) == \
+        D.Election(LeaderAndIsr(-1, 5, (2,), 2))
     # Already offline and still nobody eligible: nothing to write.
     assert D.elect_leader([1, 2, 3], LeaderAndIsr(-1, 5, (1,), 2), {2, 3}, 2, False) is None
     # The ISR member returns: it leads again.
