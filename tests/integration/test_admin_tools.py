@@ -50,8 +50,8 @@ def produce(cluster, topic: str, partitions: int, first: int = 0, count: int = R
 
 def settled(admin, topic, brokers=3):
     """Every replica in the ISR and HW == LEO on every partition (as the leaders see it)."""
-    return all(len(p.isr) == brokers and p.high_watermark == p.log_end_offset
-               for p in admin.describe_topic(topic).partitions)
+    return all(len(p.isr) == brokers and p.high_watermark is not None and p.high_watermark == p.log_end_offset
+               for p in admin.describe_topic(topic).partitions)   # None: a new leader's HW not yet known (KIP-207)
 
 
 def replicas_settled(cluster, admin, topic) -> bool:

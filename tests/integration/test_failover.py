@@ -26,8 +26,11 @@ def leader_of(admin, topic, p):
 
 def check_no_acked_loss_and_replicas_agree(cluster, topic, partitions, acked, brokers=None):
     admin = replikafka.Admin(cluster.bootstrap_servers)
-    # Quiesce: wait until every replica is back in the ISR and HW == LEO.
-    wait_until(lambda: all(len(p.isr) == len(p.replicas) and p.high_watermark == p.log_end_offset
+    # Quiesce: wait until every replica is back in the ISR and HW == LEO. A new leader
+    # reports no HW (None) until its HW reaches its epoch's start (KIP-207): None == None
+    # is not quiet.
+    wait_until(lambda: all(len(p.isr) == len(p.replicas) and p.high_watermark is not None
+                           and p.high_watermark == p.log_end_offset
                            for p in describe(admin, topic)), 60, what="full ISR and HW == LEO")
     committed = read_committed(cluster.bootstrap_servers, topic, partitions)
     lost = {k: v for k, v in acked.items() if committed.get(k) != v}
