@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from replikafka import errors as E
 from replikafka.protocol import flight_ticket
-from replikafka.protocol.flight_ticket import INT32_MAX, MAX_TICKET_BYTES
+from replikafka.protocol.flight_ticket import INT32_MAX
 from replikafka.records import validate_topic_name
 
 VERSION = 1
@@ -129,22 +129,8 @@ def decode(data) -> ProduceCommand:
     raw = getattr(data, "command", data)
     if not isinstance(raw, (bytes, bytearray, memoryview)) or not raw:
         raise E.InvalidRequestError("flight produce: the descriptor must be a command (JSON bytes)")
-    if len(raw) > MAX_TICKET_BYTES:
-        raise E.InvalidRequestError(f"flight produce: command of {len(raw)} bytes, more than {MAX_TICKET_BYTES}")
-    try:
-        d = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise E.InvalidRequestError(f"flight produce: command is not UTF-8 JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise E.InvalidRequestError(f"flight produce: expected a JSON object, got {type(d).__name__}")
-    missing = [k for k in _REQUIRED if k not in d]
-    if missing:
-        raise E.InvalidRequestError(f"flight produce: missing field(s) {missing}")
-    unknown = sorted(k for k in d if k not in _REQUIRED and k not in _OPTIONAL)
-    if unknown:
-        raise E.InvalidRequestError(f"flight produce: unknown field(s) {unknown}")
-    if d["v"] != VERSION or type(d["v"]) is not int:
-        raise _bad("v", f"{VERSION} (the produce command version this broker reads)", d["v"])
+    d = flight_ticket.decode_object(raw, _WHERE, _REQUIRED, _OPTIONAL,
+                                    "the produce command version this broker reads")
     appends = d["appends"]
     if not isinstance(appends, list):
         raise _bad("appends", "a list of appends", appends)

@@ -112,27 +112,35 @@ def _check(t: PartitionTicket) -> None:
             raise _bad("columns", "a list without repeated names", list(cols))
 
 
+def decode_object(raw, where: str, required: tuple, optional: tuple, version_doc: str) -> dict:
+    """The strict JSON object of a ticket or a produce command: at most
+    MAX_TICKET_BYTES of UTF-8 JSON, an object with every required key, no unknown
+    one, and ``v`` == VERSION. Each refusal is InvalidRequestError naming it."""
+    if len(raw) > MAX_TICKET_BYTES:
+        raise E.InvalidRequestError(f"{where}: {len(raw)} bytes, more than {MAX_TICKET_BYTES}")
+    try:
+        d = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise E.InvalidRequestError(f"{where}: not UTF-8 JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise E.InvalidRequestError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise E.InvalidRequestError(f"{where}: missing field(s) {missing}")
+    unknown = sorted(k for k in d if k not in required and k not in optional)
+    if unknown:
+        raise E.InvalidRequestError(f"{where}: unknown field(s) {unknown}")
+    if d["v"] != VERSION or type(d["v"]) is not int:
+        raise _bad("v", f"{VERSION} ({version_doc})", d["v"], where)
+    return d
+
+
 def decode(data) -> PartitionTicket:
     """The ticket in ``data`` (bytes, or a ``pyarrow.flight.Ticket``)."""
     raw = getattr(data, "ticket", data)
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise E.InvalidRequestError(f"flight ticket: expected bytes, got {type(raw).__name__}")
-    if len(raw) > MAX_TICKET_BYTES:
-        raise E.InvalidRequestError(f"flight ticket: {len(raw)} bytes, more than {MAX_TICKET_BYTES}")
-    try:
-        d = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise E.InvalidRequestError(f"flight ticket: not UTF-8 JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise E.InvalidRequestError(f"flight ticket: expected a JSON object, got {type(d).__name__}")
-    missing = [k for k in _REQUIRED if k not in d]
-    if missing:
-        raise E.InvalidRequestError(f"flight ticket: missing field(s) {missing}")
-    unknown = sorted(k for k in d if k not in _REQUIRED and k not in _OPTIONAL)
-    if unknown:
-        raise E.InvalidRequestError(f"flight ticket: unknown field(s) {unknown}")
-    if d["v"] != VERSION or type(d["v"]) is not int:
-        raise _bad("v", f"{VERSION} (the ticket version this broker reads)", d["v"])
+    d = decode_object(raw, "flight ticket", _REQUIRED, _OPTIONAL, "the ticket version this broker reads")
     cols = d.get("columns")
     if cols is not None and not isinstance(cols, list):
         raise _bad("columns", "a list of column names", cols)
