@@ -293,6 +293,13 @@ class Model:
     epoch_known: dict = field(default_factory=dict)   # tp -> the readers' newest leader epoch
     next_value: int = 0
     acks: int = 0
+    # The one loss the guarantees leave out (README, "What it guarantees"): acks=all is
+    # not fsynced, so when every in-sync replica crashed losing unflushed records, the
+    # last leader comes back without them. broker, tp -> end offset its log had when it
+    # crashed while in the ISR and losing records; dropped once it leaves the ISR.
+    crashed_in_isr: dict = field(default_factory=dict)
+    offline_isr: dict = field(default_factory=dict)   # tp -> its ISR when it last went offline, until a leader acts
+    documented_losses: list = field(default_factory=list)   # (step, tp, leader, from offset, HW seen, acked lost)
 
 
 def values_of(log_, start: int, end: int) -> list[bytes]:
@@ -540,6 +547,13 @@ class Simulation:
     # ------------------------------------------------------------ faults
     def crash(self, broker: SimBroker) -> None:
         self.note(f"crash broker {broker.broker_id}")
+        for p in range(self.partitions):
+            tp, state = (TOPIC, p), self.zk_state((TOPIC, p))
+            part = broker.rm.get(tp)
+            if part is not None and state is not None and broker.broker_id in state.isr \
+                    and part.log.recovery_point < part.log.log_end_offset:
+                key = (broker.broker_id, tp)
+                self.model.crashed_in_isr[key] = max(self.model.crashed_in_isr.get(key, 0), part.log.log_end_offset)
         broker.crash()
         self.expiries[broker.broker_id] = self.step_no + self.rng.randrange(1, 15)
 
@@ -794,6 +808,8 @@ class InvariantChecker:
                     sim.check_value(tp, off, vals[off - lso], f"below the HW of broker {b.broker_id}")
                 self.verified[(b.broker_id, tp)] = (ident, max(start, hw))
                 replicas[b.broker_id] = (part, vals)
+            if state is not None:
+                self.documented_loss(tp, state, replicas.get(state.leader, (None,))[0])
             # I1: the current leader holds every acknowledged record.
             if state is not None and state.leader in replicas:
                 part, vals = replicas[state.leader]
@@ -805,6 +821,47 @@ class InvariantChecker:
                         if off >= part.log.log_end_offset or vals[off - part.log.log_start_offset] != v:
                             sim.fail(f"I1: acknowledged {tp} offset {off} ({v!r}) is not on the leader "
                                      f"{state.leader} (epoch {state.leader_epoch}, LEO {part.log.log_end_offset})")
+
+    def documented_loss(self, tp: TP, state, part) -> None:
+        """The loss README's guarantees leave out, and only it: the partition went offline
+        with its last leader alone in the ISR (the last-leader rule), that leader had
+        crashed while in the ISR losing unflushed records and has not left the ISR
+        since, and it now leads again from its shorter log. Records at or beyond its end
+        offset are gone: acknowledged ones, values read and the HW readers saw are taken
+        back from there, readers move to the new epoch (a reader of a zombie's older
+        epoch reads the lost history), and the loss is kept in ``documented_losses`` and
+        the trace. Anything else is still a violation: an offline ISR with more members
+        (whoever of them leads, the others held the records), an ISR member that never
+        crashed, or a record the leader never held (beyond its end offset at the crash)."""
+        sim, model = self.sim, self.sim.model
+        for key in [k for k in model.crashed_in_isr if k[1] == tp and k[0] not in state.isr]:
+            del model.crashed_in_isr[key]   # out of the ISR: it returns only by catching up
+        if state.leader < 0:
+            model.offline_isr[tp] = state.isr
+            return
+        if part is None or part.role != LEADER or part.leader_epoch != state.leader_epoch:
+            return
+        offline_isr = model.offline_isr.pop(tp, None)
+        if offline_isr != (state.leader,) or not all((b, tp) in model.crashed_in_isr for b in state.isr):
+            return
+        held_end = model.crashed_in_isr[(state.leader, tp)]
+        start = part.log.log_end_offset
+        acked = model.acked.get(tp, {})
+        hw_seen = model.hw_seen.get(tp, -1)
+        if hw_seen > held_end or any(off >= held_end for off in acked):
+            return   # committed beyond what the leader ever held: not this case (I1/I7 say so)
+        lost = sorted(off for off in acked if off >= start)
+        if not lost and hw_seen <= start:
+            return
+        for off in lost:
+            del acked[off]
+        for off in [o for o in model.read.get(tp, {}) if o >= start]:
+            del model.read[tp][off]
+        model.hw_seen[tp] = min(hw_seen, start)
+        model.epoch_known[tp] = max(model.epoch_known.get(tp, -1), state.leader_epoch)
+        model.documented_losses.append((sim.step_no, tp, state.leader, start, hw_seen, len(lost)))
+        sim.note(f"documented loss on {tp}: last leader {state.leader}, alone in the ISR, crashed and leads epoch "
+                 f"{state.leader_epoch} without [{start}, {held_end}): HW seen {hw_seen}, {len(lost)} acked lost")
 
     def check_final(self) -> None:
         """After healing: identical replicas (I5), full ISRs (I8, in convergence), every

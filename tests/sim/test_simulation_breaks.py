@@ -4,11 +4,14 @@ added this file). If a change to the simulation moves these seeds, run the defau
 seeds against the break again and put failing ones here."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from replikafka.broker.controller import controller_decisions
 from replikafka.broker.replica import partition, replica_fetcher, replica_manager
 from replikafka.broker.replica.leader_epoch_truncation import Truncate
-from sim_cluster import InvariantViolation
+from sim_cluster import InvariantChecker, InvariantViolation
 from test_simulation import run_seed
 
 NO_FETCHER_DEMOTION_SEEDS = (4, 39, 81)
@@ -48,3 +51,28 @@ def test_truncation_to_the_high_watermark_loses_acknowledged_records(monkeypatch
     for seed in HW_TRUNCATION_SEEDS:
         with pytest.raises(InvariantViolation, match="I1: acknowledged"):
             run_seed(seed)
+
+
+def test_without_the_documented_loss_model_the_crashed_last_leader_fails_i7(monkeypatch):
+    """Seed 3720 passes only because the simulation models README's one uncovered loss
+    (test_simulation.py); without the model the HW readers saw goes back."""
+    monkeypatch.setattr(InvariantChecker, "documented_loss", lambda self, tp, state, part: None)
+    with pytest.raises(InvariantViolation, match=r"I7: the HW of \('sim', 0\) a reader saw went back from 2 to 0"):
+        run_seed(3720)
+
+
+def test_the_documented_loss_model_does_not_excuse_an_offline_isr_that_keeps_every_member(monkeypatch):
+    """Before the last-leader rule, an offline partition kept its whole ISR, and a
+    follower that crashed losing acknowledged records came back empty and led while
+    the zombie leader still held them (seed 9976). Only the last leader's own crash is
+    the documented loss: with the rule undone, seed 9976 still fails I1."""
+    elect_leader = controller_decisions.elect_leader
+
+    def offline_keeps_the_whole_isr(replicas, current, live, controller_epoch, unclean_allowed, avoid=frozenset()):
+        election = elect_leader(replicas, current, live, controller_epoch, unclean_allowed, avoid)
+        if election is not None and election.state.leader == controller_decisions.NO_LEADER:
+            return dataclasses.replace(election, state=dataclasses.replace(election.state, isr=current.isr))
+        return election
+    monkeypatch.setattr(controller_decisions, "elect_leader", offline_keeps_the_whole_isr)
+    with pytest.raises(InvariantViolation, match="I1: acknowledged"):
+        run_seed(9976)
