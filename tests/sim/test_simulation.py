@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import warnings
 
 import pytest
 
@@ -12,6 +13,11 @@ from sim_cluster import Simulation
 
 DEFAULT_SEEDS = 200
 LONG_SEEDS = 10_000
+
+
+class DocumentedLoss(UserWarning):
+    """A seed hit the loss README's guarantees leave out (a crashed last leader came
+    back without records it had not flushed): accepted, but reported in the summary."""
 
 
 class FailOnErrorLog(logging.Handler):
@@ -60,7 +66,10 @@ def pytest_generate_tests(metafunc):
 
 
 def test_simulation(seed):
-    run_seed(seed)
+    for step, tp, leader, start, hw_seen, acked in run_seed(seed).documented_losses:
+        warnings.warn(DocumentedLoss(f"seed {seed}, step {step}: {tp} lost its records from offset {start} (HW seen "
+                                     f"{hw_seen}, {acked} acknowledged) when its last leader {leader} came back "
+                                     f"from a crash"))
 
 
 def test_the_simulation_acknowledges_and_crashes(tmp_path):
