@@ -1,6 +1,7 @@
 """What this broker knows of the cluster, kept by the controller's UpdateMetadata.
 
-Answers clients' ``Metadata`` requests without touching ZooKeeper.
+Answers clients' ``Metadata`` requests without touching ZooKeeper. Learns the
+controller's plain requests (``broker/replica/messages.py``).
 Thread-safe: one lock; readers get copies of small values.
 """
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from replikafka.broker.replica import messages as M
 from replikafka.protocol import replikafka_pb2 as pb
 
 
@@ -16,7 +18,7 @@ class TopicEntry:
     schema: bytes
     config: dict[str, str]
     topic_id: str
-    partitions: dict[int, pb.PartitionState] = field(default_factory=dict)
+    partitions: dict[int, M.PartitionRole] = field(default_factory=dict)
 
 
 class MetadataCache:
@@ -30,7 +32,7 @@ class MetadataCache:
         self.topics: dict[str, TopicEntry] = {}
         self.changed = threading.Condition(self.lock)
 
-    def update(self, req: pb.UpdateMetadataRequest) -> None:
+    def update(self, req: M.UpdateMetadataRequest) -> None:
         with self.lock:
             self.controller_id = req.controller_id
             self.controller_epoch = req.controller_epoch
@@ -53,20 +55,20 @@ class MetadataCache:
                 entry.config = dict(config)
             self.changed.notify_all()
 
-    def apply_leader_and_isr(self, req: pb.LeaderAndIsrRequest) -> None:
+    def apply_leader_and_isr(self, req: M.LeaderAndIsrRequest) -> None:
         """Our own partitions' states are news too (the UpdateMetadata may come later)."""
         with self.lock:
             self._apply_topics(req.topics, req.partitions)
             self.changed.notify_all()
 
-    def _apply_topics(self, topics, partitions) -> None:
-        for t in topics:
-            entry = self.topics.get(t.name)
+    def _apply_topics(self, topics: dict[str, M.TopicInfo], partitions: tuple[M.PartitionRole, ...]) -> None:
+        for name, t in topics.items():
+            entry = self.topics.get(name)
             if entry is None or entry.topic_id != t.topic_id:
-                self.topics[t.name] = TopicEntry(t.schema, dict(t.config), t.topic_id)
+                self.topics[name] = TopicEntry(t.schema, dict(t.config), t.topic_id)
             else:
                 entry.schema, entry.config = t.schema, dict(t.config)
-            entry = self.topics[t.name]
+            entry = self.topics[name]
             if t.partition_count:   # partitions at or past the count were removed (seed 000 H)
                 for p in [p for p in entry.partitions if p >= t.partition_count]:
                     del entry.partitions[p]

@@ -22,12 +22,30 @@ from replikafka.protocol.rpc_errors import from_flight_error, from_pb, from_rpc_
 
 
 # ---------------------------------------------------------------- controller requests
+# (the controller's side, plain to protobuf, is broker/controller_rpc.py)
+def _partition_roles(states) -> tuple[M.PartitionRole, ...]:
+    return tuple(M.PartitionRole(s.topic, s.partition, s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas),
+                                 s.zk_version, s.controller_epoch) for s in states)
+
+
+def _topic_infos(topics) -> dict[str, M.TopicInfo]:
+    return {t.name: M.TopicInfo(t.schema, dict(t.config), t.topic_id, t.partition_count) for t in topics}
+
+
+def _broker_endpoints(brokers) -> tuple[M.BrokerEndpoint, ...]:
+    return tuple(M.BrokerEndpoint(b.id, b.host, b.port, tuple(b.endpoints), b.broker_epoch) for b in brokers)
+
+
 def leader_and_isr_request(req: pb.LeaderAndIsrRequest) -> M.LeaderAndIsrRequest:
-    return M.LeaderAndIsrRequest(
-        req.controller_id, req.controller_epoch, req.broker_epoch,
-        tuple(M.PartitionRole(s.topic, s.partition, s.leader, s.leader_epoch, tuple(s.isr), tuple(s.replicas),
-                              s.zk_version, s.controller_epoch) for s in req.partitions),
-        {t.name: M.TopicInfo(t.schema, dict(t.config), t.topic_id) for t in req.topics})
+    return M.LeaderAndIsrRequest(req.controller_id, req.controller_epoch, req.broker_epoch,
+                                 _partition_roles(req.partitions), _topic_infos(req.topics),
+                                 _broker_endpoints(req.live_leaders))
+
+
+def update_metadata_request(req: pb.UpdateMetadataRequest) -> M.UpdateMetadataRequest:
+    return M.UpdateMetadataRequest(req.controller_id, req.controller_epoch, _partition_roles(req.partitions),
+                                   _broker_endpoints(req.live_brokers), _topic_infos(req.topics),
+                                   tuple(req.deleted_topics), req.full)
 
 
 def stop_replica_request(req: pb.StopReplicaRequest) -> M.StopReplicaRequest:
@@ -45,19 +63,26 @@ def controller_response(result: M.ControllerRequestResult, response_type):
     return out
 
 
-def leader_and_isr(rm, metadata, req: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
+def handle_leader_and_isr(rm, metadata, req: M.LeaderAndIsrRequest) -> M.ControllerRequestResult:
     """A LeaderAndIsr, end to end: the metadata cache learns it once the replica manager accepted it."""
-    result = rm.leader_and_isr(leader_and_isr_request(req), accepted=lambda: metadata.apply_leader_and_isr(req))
-    return controller_response(result, pb.LeaderAndIsrResponse)
+    return rm.leader_and_isr(req, accepted=lambda: metadata.apply_leader_and_isr(req))
+
+
+def leader_and_isr(rm, metadata, req: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
+    return controller_response(handle_leader_and_isr(rm, metadata, leader_and_isr_request(req)),
+                               pb.LeaderAndIsrResponse)
 
 
 def stop_replica(rm, req: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
     return controller_response(rm.stop_replica(stop_replica_request(req)), pb.StopReplicaResponse)
 
 
-def remove_unassigned(rm, req: pb.UpdateMetadataRequest, deletable=lambda tps: tps) -> None:
-    rm.remove_unassigned({(s.topic, s.partition): tuple(s.replicas) for s in req.partitions}, req.controller_id,
-                         req.controller_epoch, deletable)
+def handle_update_metadata(rm, metadata, req: M.UpdateMetadataRequest, deletable=lambda tps: tps) -> None:
+    """An UpdateMetadata, end to end: the metadata cache learns it, then replicas it
+    says moved away from this broker go (those ``deletable`` agrees to)."""
+    metadata.update(req)
+    rm.remove_unassigned({s.tp: s.replicas for s in req.partitions}, req.controller_id, req.controller_epoch,
+                         deletable)
 
 
 # ---------------------------------------------------------------- produce

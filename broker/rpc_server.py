@@ -404,8 +404,8 @@ class BrokerServicer:
             return pb.UpdateMetadataResponse(error=to_pb(refusal))
         guard = self.broker.control_guard
         request = guard.filter_update_metadata(request, self.broker.metadata.topic_names())
-        self.broker.metadata.update(request)
-        replica_rpc.remove_unassigned(self.rm, request, lambda tps: guard.deletable_here(self.rm.broker_id, tps))
+        replica_rpc.handle_update_metadata(self.rm, self.broker.metadata, replica_rpc.update_metadata_request(request),
+                                           lambda tps: guard.deletable_here(self.rm.broker_id, tps))
         self.rm.notify_data()
         return pb.UpdateMetadataResponse()
 

@@ -5,6 +5,10 @@ one broker arrive in the order the controller decided them and a slow or dead
 broker never blocks the controller's event thread. A request to a broker that
 is unreachable is retried with backoff until it succeeds or the broker is
 removed (its death is the controller's next event anyway).
+
+The controller hands the manager plain requests (``broker/replica/messages.py``)
+and gets plain results back (``ControllerRequestResult``); the manager is its
+RPC edge and encodes them through ``broker/controller_rpc.py``.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import time
 
 import grpc
 
+from replikafka.broker import controller_rpc
 from replikafka.client.connection import open_channel, target_of
 from replikafka.protocol import replikafka_pb2_grpc as pbg
 
@@ -38,6 +43,8 @@ class BrokerChannel:
         self.thread.start()
 
     def send(self, method: str, request, on_response=None) -> None:
+        """Queue the protobuf ``request`` for ``method``; ``on_response(broker_id, resp)``
+        gets the protobuf response."""
         self.queue.put((method, request, on_response), timeout=self.timeout_s)
 
     def do_work(self, timeout_s: float = 0.5) -> bool:
@@ -81,13 +88,17 @@ class BrokerChannel:
 
 
 class ControllerChannelManager:
-    """Thread-safe map broker id -> BrokerChannel."""
+    """Thread-safe map broker id -> BrokerChannel; the controller's plain requests in,
+    plain results out."""
 
     def __init__(self, request_timeout_s: float = 30.0, credentials: grpc.ChannelCredentials | None = None):
         self.timeout_s = request_timeout_s
         self.credentials = credentials   # inter-broker TLS / broker principal (None: plaintext)
         self.channels: dict[int, BrokerChannel] = {}
         self.lock = threading.Lock()
+        # The last request encoded: one UpdateMetadata goes to every broker, encoded once
+        # (at 50,000 partitions the encoding is a good part of a failover).
+        self._last_encoded: tuple[object, str, object] | None = None
 
     def set_brokers(self, live: dict[int, tuple[str, int]]) -> None:
         with self.lock:
@@ -100,13 +111,23 @@ class ControllerChannelManager:
                 if bid not in self.channels:
                     self.channels[bid] = BrokerChannel(bid, host, port, self.timeout_s, self.credentials)
 
-    def send(self, broker_id: int, method: str, request, on_response=None) -> None:
+    def send(self, broker_id: int, request, on_response=None) -> None:
+        """Queue the plain controller ``request`` for ``broker_id``; ``on_response(broker_id,
+        result)`` gets its ``ControllerRequestResult``."""
         with self.lock:
             ch = self.channels.get(broker_id)
+            last = self._last_encoded
         if ch is None:
-            log.debug("no channel to broker %d for %s", broker_id, method)
+            log.debug("no channel to broker %d for %s", broker_id, type(request).__name__)
             return
-        ch.send(method, request, on_response)
+        if last is not None and last[0] is request:
+            method, wire = last[1], last[2]
+        else:
+            method, wire = controller_rpc.encode(request)
+            with self.lock:
+                self._last_encoded = (request, method, wire)
+        ch.send(method, wire, None if on_response is None else
+                lambda bid, resp: on_response(bid, controller_rpc.request_result(resp)))
 
     def drain(self, timeout_s: float) -> bool:
         """Wait (bounded) until every queued request was delivered; False on timeout."""
@@ -124,3 +145,4 @@ class ControllerChannelManager:
             for ch in self.channels.values():
                 ch.close()
             self.channels.clear()
+            self._last_encoded = None

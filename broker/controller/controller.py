@@ -5,7 +5,10 @@ znode is active. ZooKeeper watches and session listeners only enqueue typed
 events (``controller_events.py``); ``do_work()`` takes one event and handles it
 completely through the handler its type maps to in ``HANDLERS`` (read ZooKeeper,
 call the pure decisions in ``controller_decisions.py``, write the results with
-guarded ``multi``s, send LeaderAndIsr / UpdateMetadata / StopReplica).
+guarded ``multi``s, send LeaderAndIsr / UpdateMetadata / StopReplica). Those
+requests are the plain dataclasses of ``broker/replica/messages.py``, the ones
+the brokers' replica managers take; the channel manager encodes them for the
+wire (``broker/controller_rpc.py``) and answers with plain results.
 
 The queue never drops a watch's event: those coalesce (one queued copy each).
 Events only the active controller handles are dropped quietly when it is not,
@@ -35,9 +38,9 @@ from replikafka.broker.controller.controller_states import (PARTITION_TRANSITION
                                                             PartitionState as PS, ReplicaState as RS, StateMachine)
 from replikafka.broker.controller.broker_channels import ControllerChannelManager
 from replikafka.broker.metrics import ControllerStats
+from replikafka.broker.replica import messages as M
 from replikafka.broker.zk_store import LeaderAndIsr, ZkStore
 from replikafka import errors as E
-from replikafka.protocol import replikafka_pb2 as pb
 
 log = logging.getLogger("replikafka.controller")
 state_log = logging.getLogger("replikafka.state.change")
@@ -381,7 +384,7 @@ class Controller:
         # New brokers learn everything; everyone else learns the changed partitions
         # and the new set of live brokers (as Kafka's onBrokerStartup/onBrokerFailure:
         # a broker that leads nothing is still a broker clients must be told of).
-        built: dict[TP, pb.PartitionState] = {}
+        built: dict[TP, M.PartitionRole | None] = {}
         if new:
             built = self._send_update_metadata(change.full_metadata_to(), list(ctx.states), full=True)
         if changed or change.moved:  # the others learn the new brokers (and their epochs, KIP-380)
@@ -592,12 +595,13 @@ class Controller:
             if self.store.update_assignment(t, parts) is not None and t in self.ctx.topics:
                 self.ctx.topics[t].assignment.update(parts)
 
+    def _stop_replica(self, broker: int, tps: list[TP], delete: bool) -> M.StopReplicaRequest:
+        return M.StopReplicaRequest(self.broker_id, self.ctx.epoch, self.ctx.broker_epochs.get(broker, 0), delete,
+                                    tuple(tps))
+
     def _send_stop_replica(self, broker: int, tps: list[TP], delete: bool) -> None:
         if tps and broker in self.ctx.live:
-            self.channels.send(broker, "StopReplica", pb.StopReplicaRequest(
-                controller_id=self.broker_id, controller_epoch=self.ctx.epoch, delete_partitions=delete,
-                partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps],
-                broker_epoch=self.ctx.broker_epochs.get(broker, 0)))
+            self.channels.send(broker, self._stop_replica(broker, tps, delete))
 
     # ------------------------------------------------------------ partition removal (seed 000 H)
     def _on_partitions_remove(self, _event=None) -> None:
@@ -845,17 +849,15 @@ class Controller:
             done = threading.Event()
             lock = threading.Lock()
 
-            def on_response(bid, resp, _acks=acks, _done=done, _n=len(replicas)):
+            def on_response(bid, result: M.ControllerRequestResult, _acks=acks, _done=done, _n=len(replicas)):
                 with lock:
-                    _acks[bid] = not resp.error.code
+                    _acks[bid] = result.error is None
                     if len(_acks) == _n:
                         _done.set()
 
             for b in replicas:
-                parts = [pb.TopicPartitionRef(topic=topic, partition=p) for p, r in meta.assignment.items() if b in r]
-                self.channels.send(b, "StopReplica", pb.StopReplicaRequest(
-                    controller_id=self.broker_id, controller_epoch=ctx.epoch, delete_partitions=True,
-                    partitions=parts, broker_epoch=ctx.broker_epochs.get(b, 0)), on_response)
+                self.channels.send(b, self._stop_replica(b, [(topic, p) for p, r in meta.assignment.items() if b in r],
+                                                         delete=True), on_response)
             # Waiting here is bounded and keeps deletion ordered before any re-creation.
             if not done.wait(timeout=30) or not all(acks.values()):
                 log.warning("deletion of %s: not every replica confirmed yet; will retry", topic)
@@ -869,10 +871,10 @@ class Controller:
             self._forget_topic(topic)
             ctx.deleting.discard(topic)
             state_log.info("controller %d epoch %d: topic %s deleted", self.broker_id, ctx.epoch, topic)
+            gone = M.UpdateMetadataRequest(self.broker_id, ctx.epoch, live_brokers=self._endpoints(),
+                                           deleted_topics=(topic,))
             for b in ctx.live:
-                self.channels.send(b, "UpdateMetadata", pb.UpdateMetadataRequest(
-                    controller_id=self.broker_id, controller_epoch=ctx.epoch, deleted_topics=[topic],
-                    live_brokers=self._endpoints()))
+                self.channels.send(b, gone)
 
     def _forget_topic(self, topic: str) -> None:
         meta = self.ctx.topics.pop(topic, None)
@@ -918,68 +920,62 @@ class Controller:
             ctx.replica_states.transition(known, to, self.recent)
 
     # ------------------------------------------------------------ requests to brokers
-    def _endpoints(self) -> list[pb.BrokerEndpoint]:
-        return [pb.BrokerEndpoint(id=b, host=h, port=p, endpoints=self.ctx.endpoints.get(b, ()),
-                                  broker_epoch=self.ctx.broker_epochs.get(b, 0))
-                for b, (h, p) in sorted(self.ctx.live.items())]
+    def _endpoints(self) -> tuple[M.BrokerEndpoint, ...]:
+        return tuple(M.BrokerEndpoint(b, h, p, tuple(self.ctx.endpoints.get(b, ())), self.ctx.broker_epochs.get(b, 0))
+                     for b, (h, p) in sorted(self.ctx.live.items()))
 
-    def _partition_state_pb(self, tp: TP) -> pb.PartitionState | None:
+    def _partition_role(self, tp: TP) -> M.PartitionRole | None:
         entry = self.ctx.states.get(tp)
         meta = self.ctx.topics.get(tp[0])
         if entry is None or meta is None:
             return None
         s, version = entry
-        return pb.PartitionState(topic=tp[0], partition=tp[1], controller_epoch=s.controller_epoch,
-                                 leader=s.leader, leader_epoch=s.leader_epoch, isr=list(s.isr),
-                                 zk_version=version, replicas=meta.assignment.get(tp[1], []))
+        return M.PartitionRole(tp[0], tp[1], s.leader, s.leader_epoch, tuple(s.isr),
+                               tuple(meta.assignment.get(tp[1], ())), version, s.controller_epoch)
 
-    def _topic_infos(self, topics) -> list[pb.TopicInfo]:
-        out = []
+    def _topic_infos(self, topics) -> dict[str, M.TopicInfo]:
+        out = {}
         for t in sorted(topics):
             m = self.ctx.topics.get(t)
             if m is not None:
-                out.append(pb.TopicInfo(name=t, schema=m.schema, config=m.config,
-                                        partition_count=len(m.assignment), topic_id=m.topic_id))
+                out[t] = M.TopicInfo(m.schema, dict(m.config), m.topic_id, len(m.assignment))
         return out
 
-    def _send_update_metadata(self, brokers, tps: list[TP], full: bool = False) -> dict[TP, pb.PartitionState]:
+    def _send_update_metadata(self, brokers, tps: list[TP], full: bool = False) -> dict[TP, M.PartitionRole | None]:
         """Returns the partition states it sent, for a LeaderAndIsr that follows
         (``prebuilt``): at 50,000 partitions building them is a good part of a failover."""
-        built = {tp: self._partition_state_pb(tp) for tp in tps}
-        states = [s for s in built.values() if s is not None]
+        built = {tp: self._partition_role(tp) for tp in tps}
         topics = self.ctx.topics.keys() if full else {tp[0] for tp in tps}
-        req = pb.UpdateMetadataRequest(controller_id=self.broker_id, controller_epoch=self.ctx.epoch,
-                                       partitions=states, live_brokers=self._endpoints(),
-                                       topics=self._topic_infos(topics), full=full)
+        req = M.UpdateMetadataRequest(self.broker_id, self.ctx.epoch, tuple(s for s in built.values() if s is not None),
+                                      self._endpoints(), self._topic_infos(topics), full=full)
         for b in brokers:
-            self.channels.send(b, "UpdateMetadata", req)
+            self.channels.send(b, req)
         return built
 
     def _send_leader_and_isr(self, tps: list[TP], extra_brokers=(), skip=(),
-                             prebuilt: dict[TP, pb.PartitionState] | None = None) -> None:
+                             prebuilt: dict[TP, M.PartitionRole | None] | None = None) -> None:
         """One LeaderAndIsr per affected live broker, carrying all its partitions.
         ``extra_brokers`` (new brokers) get every partition they host; ``skip`` get none.
         ``prebuilt``: partition states just built for the same state (by ``_send_update_metadata``)."""
         ctx = self.ctx
-        per_broker: dict[int, list[pb.PartitionState]] = {}
+        per_broker: dict[int, list[M.PartitionRole]] = {}
         wanted = set(tps)
         for b in extra_brokers:
             wanted |= {(t, p) for t, m in ctx.topics.items() for p, r in m.assignment.items() if b in r}
-        for tp in wanted:
+        for tp in sorted(wanted):   # a request lists its partitions in one order, run after run
             if tp[0] in ctx.deleting:
                 continue
-            s = prebuilt[tp] if prebuilt is not None and tp in prebuilt else self._partition_state_pb(tp)
+            s = prebuilt[tp] if prebuilt is not None and tp in prebuilt else self._partition_role(tp)
             if s is None:
                 continue
             for b in s.replicas:
                 if b in ctx.live and b not in skip:
                     per_broker.setdefault(b, []).append(s)
+        live_leaders = self._endpoints() if per_broker else ()
         for b, states in per_broker.items():
-            req = pb.LeaderAndIsrRequest(controller_id=self.broker_id, controller_epoch=ctx.epoch,
-                                         partitions=states, live_leaders=self._endpoints(),
-                                         topics=self._topic_infos({s.topic for s in states}),
-                                         broker_epoch=ctx.broker_epochs.get(b, 0))
-            self.channels.send(b, "LeaderAndIsr", req)
+            self.channels.send(b, M.LeaderAndIsrRequest(self.broker_id, ctx.epoch, ctx.broker_epochs.get(b, 0),
+                                                        tuple(states), self._topic_infos({s.topic for s in states}),
+                                                        live_leaders))
 
 
 #: Each event type's handler: the whole dispatch of the event thread.

@@ -1,8 +1,12 @@
-"""The plain data the replica manager and the follower fetchers take and return.
+"""The plain data the replica manager and the follower fetchers take and return,
+and the controller sends (LeaderAndIsr, UpdateMetadata, StopReplica): one
+vocabulary for both sides of a controller request.
 
-The RPC layer (``broker/replica_rpc.py``) turns protobuf requests into these and
-these results into protobuf (or, for a follower's fetch, into the
-``replica_fetch_codec`` format); nothing in ``broker/replica/`` sees the wire.
+The RPC layer (``broker/replica_rpc.py`` on the broker's side,
+``broker/controller_rpc.py`` on the controller's) turns protobuf requests into
+these and these into protobuf (or, for a follower's fetch, into the
+``replica_fetch_codec`` format); nothing in ``broker/replica/`` or
+``broker/controller/`` sees the wire.
 Errors are instances of the one error tree (``replikafka.errors``), None when
 there is none; they meet wire codes only in the RPC layer.
 
@@ -23,11 +27,25 @@ TP = tuple[str, int]
 
 # ---------------------------------------------------------------- controller requests
 @dataclass(frozen=True)
+class BrokerEndpoint:
+    """A live broker as the controller announces it: its inter-broker listener, every
+    advertised listener ("PROTOCOL://host:port") and its registration's epoch (KIP-380)."""
+    id: int
+    host: str
+    port: int
+    endpoints: tuple[str, ...] = ()
+    broker_epoch: int = 0
+
+
+@dataclass(frozen=True)
 class TopicInfo:
-    """A topic's schema (Arrow IPC bytes), config and id, as a LeaderAndIsr carries them."""
+    """A topic's schema (Arrow IPC bytes), config and id, as a LeaderAndIsr or an
+    UpdateMetadata carries them; ``partition_count`` 0: not said (partitions at or past
+    a count said were removed)."""
     schema: bytes
     config: dict[str, str]
     topic_id: str = ""
+    partition_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,11 +67,28 @@ class PartitionRole:
 
 @dataclass(frozen=True)
 class LeaderAndIsrRequest:
+    """``broker_epoch``: the recipient's registration the controller decided for
+    (KIP-380; 0 unset): a restarted broker refuses requests meant for its previous life."""
     controller_id: int
     controller_epoch: int
     broker_epoch: int
     partitions: tuple[PartitionRole, ...]
     topics: dict[str, TopicInfo] = field(default_factory=dict)
+    live_leaders: tuple[BrokerEndpoint, ...] = ()
+
+
+@dataclass(frozen=True)
+class UpdateMetadataRequest:
+    """Partition states, live brokers and topics for every broker's metadata cache;
+    ``full`` replaces the whole cache (controller failover). ``live_brokers`` empty:
+    the set of brokers is not news."""
+    controller_id: int
+    controller_epoch: int
+    partitions: tuple[PartitionRole, ...] = ()
+    live_brokers: tuple[BrokerEndpoint, ...] = ()
+    topics: dict[str, TopicInfo] = field(default_factory=dict)
+    deleted_topics: tuple[str, ...] = ()
+    full: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,8 +102,8 @@ class StopReplicaRequest:
 
 @dataclass
 class ControllerRequestResult:
-    """A LeaderAndIsr's or StopReplica's outcome: a refusal of the whole request, or
-    the partitions that failed (in request order)."""
+    """A LeaderAndIsr's, UpdateMetadata's or StopReplica's outcome: a refusal of the
+    whole request, or the partitions that failed (in request order)."""
     error: ReplikafkaError | None = None
     partition_errors: list[tuple[TP, ReplikafkaError]] = field(default_factory=list)
 

@@ -37,12 +37,13 @@ from kazoo.exceptions import KazooException
 
 from replikafka import errors as E
 from replikafka import records as R
-from replikafka.broker import replica_fetch_codec, replica_rpc, zk_store as Z
+from replikafka.broker import controller_rpc, replica_fetch_codec, replica_rpc, zk_store as Z
 from replikafka.broker.config import BrokerConfig, log_config_for_topic
 from replikafka.broker.controller import controller_events as V
 from replikafka.broker.controller.controller import Controller
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.metrics import BrokerMetrics
+from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.partition import LEADER
 from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
 from replikafka.broker.replica.replica_manager import ReplicaManager
@@ -150,9 +151,9 @@ class SimChannels:
         for b in live:
             self.queues.setdefault(b, [])
 
-    def send(self, broker_id, method, request, on_response=None) -> None:
+    def send(self, broker_id, request, on_response=None) -> None:
         if broker_id in self.queues:
-            self.queues[broker_id].append((method, request, on_response))
+            self.queues[broker_id].append((request, on_response))
 
     def drain(self, timeout_s: float) -> bool:
         return True
@@ -236,22 +237,22 @@ class SimBroker:
         self.controller = None
         self.fetchers = None
 
-    # controller requests, as BrokerServicer handles them
-    def deliver(self, method: str, request):
+    # controller requests (the controller's plain data, as the wire would bring it),
+    # as BrokerServicer handles them
+    def deliver(self, request) -> M.ControllerRequestResult:
         rm = self.rm
         try:
-            if method == "LeaderAndIsr":
-                return replica_rpc.leader_and_isr(rm, self.metadata, request)
-            if method == "StopReplica":
-                return replica_rpc.stop_replica(rm, request)
-            if method == "UpdateMetadata":
+            if isinstance(request, M.LeaderAndIsrRequest):
+                return replica_rpc.handle_leader_and_isr(rm, self.metadata, request)
+            if isinstance(request, M.StopReplicaRequest):
+                return rm.stop_replica(request)
+            if isinstance(request, M.UpdateMetadataRequest):
                 rm.check_controller_epoch(request.controller_epoch)
-                self.metadata.update(request)
-                replica_rpc.remove_unassigned(rm, request)
-                return pb.UpdateMetadataResponse()
+                replica_rpc.handle_update_metadata(rm, self.metadata, request)
+                return M.ControllerRequestResult()
         except E.StaleControllerEpochError as exc:
-            return SimpleNamespace(error=SimpleNamespace(code=exc.code))
-        raise AssertionError(f"unexpected controller request {method}")
+            return M.ControllerRequestResult(error=exc)
+        raise AssertionError(f"unexpected controller request {request!r}")
 
 
 class _Flag:
@@ -410,9 +411,9 @@ class Simulation:
         if not choices:
             return False
         src, dst = choices[0] if everything else self.rng.choice(choices)
-        method, request, on_response = src.controller.channels.queues[dst].pop(0)
-        self.note(f"deliver {method} {src.broker_id}->{dst}")
-        resp = self.brokers[dst].deliver(method, request)
+        request, on_response = src.controller.channels.queues[dst].pop(0)
+        self.note(f"deliver {controller_rpc.CALLS[type(request)][0]} {src.broker_id}->{dst}")
+        resp = self.brokers[dst].deliver(request)
         if on_response is not None:
             on_response(dst, resp)
         return True

@@ -31,8 +31,8 @@ class NoChannels:
     def set_brokers(self, live):
         pass
 
-    def send(self, broker_id, method, request, on_response=None):
-        self.sent.append((broker_id, method))
+    def send(self, broker_id, request, on_response=None):
+        self.sent.append((broker_id, type(request).__name__.removesuffix("Request")))
 
     def drain(self, timeout_s):
         return True

@@ -1,0 +1,234 @@
+"""The controller's shell, driven with no threads: events in through ``do_work()``, the
+plain requests it sends out (``broker/replica/messages.py``) compared with ``==``, as
+dask's worker-state tests compare instructions. The real Controller and ZkStore over
+the simulation's in-memory ZooKeeper, and a channel manager that records what it is
+given and answers as a broker would. The wire encoding of the same requests is
+checked here too: the controller's side (``controller_rpc``) and the broker's side
+(``replica_rpc``) must agree field by field."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import sys
+
+import pytest
+
+from replikafka import errors as E
+from replikafka import records as R
+from replikafka.broker import controller_rpc, replica_rpc
+from replikafka.broker import zk_store as Z
+from replikafka.broker.controller import controller as C
+from replikafka.broker.controller import controller_events as V
+from replikafka.broker.controller.broker_channels import ControllerChannelManager
+from replikafka.broker.replica import messages as M
+from replikafka.protocol import replikafka_pb2 as pb
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "sim"))
+from sim_zookeeper import SimKazooClient, SimZooKeeper  # noqa: E402
+
+SCHEMA = R.schema_to_bytes(R.stored_schema(R.KAFKA_SCHEMA))
+
+
+class RecordingChannels:
+    """The channel manager's interface: records each (broker, request) and answers
+    each request at once with ``answer(broker, request)`` (success by default)."""
+
+    def __init__(self):
+        self.sent: list[tuple[int, object]] = []
+        self.live: dict = {}
+        self.answer = lambda broker, request: M.ControllerRequestResult()
+
+    def set_brokers(self, live):
+        self.live = dict(live)
+
+    def send(self, broker_id, request, on_response=None):
+        self.sent.append((broker_id, request))
+        if on_response is not None:
+            on_response(broker_id, self.answer(broker_id, request))
+
+    def drain(self, timeout_s):
+        return True
+
+    def close(self):
+        pass
+
+    def take(self) -> list[tuple[int, object]]:
+        out, self.sent = self.sent, []
+        return out
+
+
+class Cluster:
+    """Brokers 1-3 registered; broker 1's controller, not yet elected."""
+
+    def __init__(self):
+        self.server = SimZooKeeper()
+        self.zks = {b: SimKazooClient(self.server) for b in (1, 2, 3)}
+        self.epochs = {b: Z.ZkStore(zk).register_broker(b, f"h{b}", 9000 + b) for b, zk in self.zks.items()}
+        self.store = Z.ZkStore(self.zks[1])
+        self.store.ensure_paths()
+        self.controller = C.Controller(1, self.store, clock=lambda: 0.0)
+        self.channels = self.controller.channels = RecordingChannels()
+
+    def endpoint(self, b: int) -> M.BrokerEndpoint:
+        return M.BrokerEndpoint(b, f"h{b}", 9000 + b, (), self.epochs[b])
+
+    def run(self, event=None) -> None:
+        if event is not None:
+            self.controller.enqueue(event)
+        while self.controller.do_work():
+            pass
+
+
+def role(tp, leader, isr, replicas, leader_epoch=0, zk_version=0, controller_epoch=1) -> M.PartitionRole:
+    return M.PartitionRole(tp[0], tp[1], leader, leader_epoch, tuple(isr), tuple(replicas), zk_version,
+                           controller_epoch)
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    c.store.create_topic("t", {0: [3, 1, 2], 1: [1, 2, 3]}, SCHEMA, {"topic.id": "x"})
+    c.run(V.Elect())
+    assert c.controller.active and c.controller.ctx.epoch == 1
+    return c
+
+
+def test_failover_sends_the_full_metadata_then_each_broker_its_roles(cluster):
+    """What a new controller sends: one full UpdateMetadata to every live broker, then
+    one LeaderAndIsr per broker carrying every partition it hosts (created here: the
+    first live replica leads, every live replica is in the ISR, epoch 0, version 0)."""
+    sent = cluster.channels.take()
+    t0, t1 = role(("t", 0), 3, [3, 1, 2], [3, 1, 2]), role(("t", 1), 1, [1, 2, 3], [1, 2, 3])
+    live = tuple(cluster.endpoint(b) for b in (1, 2, 3))
+    topics = {"t": M.TopicInfo(SCHEMA, {"topic.id": "x"}, "x", 2)}
+    metadata = M.UpdateMetadataRequest(1, 1, (t0, t1), live, topics, full=True)
+    assert sent == [(1, metadata), (2, metadata), (3, metadata)] + [
+        (b, M.LeaderAndIsrRequest(1, 1, cluster.epochs[b], (t0, t1), topics, live)) for b in (3, 1, 2)]
+
+
+def test_a_broker_failure_moves_its_leaderships_and_tells_the_survivors(cluster):
+    cluster.channels.take()
+    cluster.server.expire(cluster.zks[3].session_id)      # broker 3 dies
+    cluster.run()
+    t0 = role(("t", 0), 1, [1, 2], [3, 1, 2], leader_epoch=1, zk_version=1)   # 3 led: 1 is next in the ISR
+    t1 = role(("t", 1), 1, [1, 2], [1, 2, 3], leader_epoch=0, zk_version=1)   # 3 only leaves the ISR
+    live = (cluster.endpoint(1), cluster.endpoint(2))
+    topics = {"t": M.TopicInfo(SCHEMA, {"topic.id": "x"}, "x", 2)}
+    metadata = M.UpdateMetadataRequest(1, 1, (t0, t1), live, topics)
+    assert sorted(cluster.channels.take(), key=lambda s: (type(s[1]).__name__, s[0])) == [
+        (1, M.LeaderAndIsrRequest(1, 1, cluster.epochs[1], (t0, t1), topics, live)),
+        (2, M.LeaderAndIsrRequest(1, 1, cluster.epochs[2], (t0, t1), topics, live)),
+        (1, metadata), (2, metadata)]
+    assert cluster.channels.live == {1: ("h1", 9001), 2: ("h2", 9002)}
+
+
+def test_controlled_shutdown_moves_leaders_away_then_stops_the_broker_replicas(cluster):
+    cluster.channels.take()
+    reply = concurrent.futures.Future()   # what the RPC thread waits on
+    cluster.run(V.ControlledShutdown(broker_id=3, broker_epoch=cluster.epochs[3], reply=reply))
+    assert reply.result(timeout=0) == []   # broker 3 leads nothing now
+    # 3 led t-0: 1 is next in the ISR; 3 leaves both ISRs (a new leader epoch each, as Kafka's)
+    t0 = role(("t", 0), 1, [1, 2], [3, 1, 2], leader_epoch=1, zk_version=1)
+    t1 = role(("t", 1), 1, [1, 2], [1, 2, 3], leader_epoch=1, zk_version=1)
+    sent = cluster.channels.take()
+    topics = {"t": M.TopicInfo(SCHEMA, {"topic.id": "x"}, "x", 2)}
+    live = tuple(cluster.endpoint(b) for b in (1, 2, 3))
+    assert sent == [(b, M.UpdateMetadataRequest(1, 1, (t0, t1), live, topics)) for b in (1, 2, 3)] + [
+        (1, M.LeaderAndIsrRequest(1, 1, cluster.epochs[1], (t0, t1), topics, live)),
+        (2, M.LeaderAndIsrRequest(1, 1, cluster.epochs[2], (t0, t1), topics, live)),
+        # the shutting broker learns no roles: it is told to stop (not delete) what it no longer leads
+        (3, M.StopReplicaRequest(1, 1, cluster.epochs[3], False, (("t", 0), ("t", 1))))]
+
+
+def test_topic_deletion_waits_for_every_replica_then_tells_everyone(cluster):
+    cluster.channels.take()
+    refusing = {2}
+    cluster.channels.answer = lambda b, req: M.ControllerRequestResult(
+        error=E.StorageError("disk") if b in refusing else None)
+    cluster.store.zk.create(f"{Z.DELETE_TOPICS}/t", b"", makepath=True)
+    cluster.run(V.DeleteTopics())
+    stops = [(b, M.StopReplicaRequest(1, 1, cluster.epochs[b], True, (("t", 0), ("t", 1)))) for b in (1, 2, 3)]
+    assert sorted(cluster.channels.take(), key=lambda s: s[0]) == stops     # broker 2 refused: not deleted
+    assert "t" in cluster.controller.ctx.topics and cluster.store.get_assignment("t") is not None
+    refusing.clear()
+    cluster.run(V.DeleteTopics())
+    live = tuple(cluster.endpoint(b) for b in (1, 2, 3))
+    gone = M.UpdateMetadataRequest(1, 1, live_brokers=live, deleted_topics=("t",))
+    sent = cluster.channels.take()
+    assert sorted(sent[:3], key=lambda s: s[0]) == stops
+    assert sent[3:] == [(1, gone), (2, gone), (3, gone)]
+    assert "t" not in cluster.controller.ctx.topics and cluster.store.get_assignment("t") is None
+
+
+def test_a_stale_controller_sends_nothing_after_it_resigned(cluster):
+    cluster.channels.take()
+    cluster.server.expire(cluster.zks[1].session_id)   # the controller's own session
+    cluster.controller.on_session_lost()
+    cluster.run(V.BrokerChange())
+    assert cluster.channels.take() == []
+
+
+# ---------------------------------------------------------------- the wire, both sides
+def test_controller_requests_survive_the_wire_field_by_field(cluster):
+    """Every request the controller sent above, encoded by the controller's edge and
+    decoded by the broker's, is the same plain request."""
+    cluster.channels.take()
+    cluster.server.expire(cluster.zks[3].session_id)
+    cluster.run()
+    sent = [r for _b, r in cluster.channels.take()]
+    sent.append(M.StopReplicaRequest(1, 7, 12, True, (("t", 0), ("u", 5))))
+    sent.append(M.UpdateMetadataRequest(1, 7, deleted_topics=("t", "u"), full=True,
+                                        live_brokers=(M.BrokerEndpoint(4, "h", 1, ("FLIGHT://h:2",), 99),)))
+    decode = {"LeaderAndIsr": (pb.LeaderAndIsrRequest, replica_rpc.leader_and_isr_request),
+              "UpdateMetadata": (pb.UpdateMetadataRequest, replica_rpc.update_metadata_request),
+              "StopReplica": (pb.StopReplicaRequest, replica_rpc.stop_replica_request)}
+    assert {type(r) for r in sent} == set(controller_rpc.CALLS)
+    for request in sent:
+        method, wire = controller_rpc.encode(request)
+        pb_type, to_plain = decode[method]
+        assert to_plain(pb_type.FromString(wire.SerializeToString())) == request
+
+
+def test_a_broker_answer_reaches_the_controller_as_a_plain_result():
+    result = M.ControllerRequestResult(None, [(("t", 1), E.NotLeaderOrFollowerError("no")),
+                                              (("u", 0), E.StorageError("disk"))])
+    back = controller_rpc.request_result(replica_rpc.controller_response(result, pb.StopReplicaResponse))
+    assert back.error is None
+    assert [(tp, type(e), e.message) for tp, e in back.partition_errors] == [
+        (("t", 1), E.NotLeaderOrFollowerError, "no"), (("u", 0), E.StorageError, "disk")]
+    refused = controller_rpc.request_result(pb.UpdateMetadataResponse(error=pb.Error(
+        code="STALE_CONTROLLER_EPOCH", message="old")))
+    assert isinstance(refused.error, E.StaleControllerEpochError) and refused.partition_errors == []
+
+
+def test_the_channel_manager_encodes_a_broadcast_once_and_answers_in_plain_data():
+    class WireChannel:   # a BrokerChannel's interface: protobuf in, a protobuf answer to the callback
+        def __init__(self, broker_id):
+            self.broker_id, self.got = broker_id, []
+
+        def send(self, method, request, on_response=None):
+            self.got.append((method, request))
+            if on_response is not None:
+                on_response(self.broker_id, pb.StopReplicaResponse(partitions=[pb.PartitionError(
+                    topic="t", partition=0, error=pb.Error(code="KAFKA_STORAGE_ERROR", message="disk"))]))
+
+        def close(self):
+            pass
+
+    manager = ControllerChannelManager()
+    manager.channels = {1: WireChannel(1), 2: WireChannel(2)}
+    update = M.UpdateMetadataRequest(5, 3, live_brokers=(M.BrokerEndpoint(1, "h", 1),))
+    for b in (1, 2):
+        manager.send(b, update)
+    (m1, w1), = manager.channels[1].got
+    (m2, w2), = manager.channels[2].got
+    assert m1 == m2 == "UpdateMetadata" and w1 is w2 and w1 == controller_rpc.update_metadata_pb(update)
+    answers = []
+    manager.send(2, M.StopReplicaRequest(5, 3, 0, True, (("t", 0),)), lambda b, r: answers.append((b, r)))
+    assert manager.channels[2].got[-1] == ("StopReplica", pb.StopReplicaRequest(
+        controller_id=5, controller_epoch=3, delete_partitions=True,
+        partitions=[pb.TopicPartitionRef(topic="t", partition=0)]))
+    (b, result), = answers
+    assert b == 2 and result.error is None and [(tp, e.code) for tp, e in result.partition_errors] == [
+        (("t", 0), "KAFKA_STORAGE_ERROR")]
+    manager.channels = {}
