@@ -300,6 +300,7 @@ class Model:
     # crashed while in the ISR and losing records; dropped once it leaves the ISR.
     crashed_in_isr: dict = field(default_factory=dict)
     offline_isr: dict = field(default_factory=dict)   # tp -> its ISR when it last went offline, until a leader acts
+    #                                                   (both kept from every state write: Simulation.state_written)
     documented_losses: list = field(default_factory=list)   # (step, tp, leader, from offset, HW seen, acked lost)
 
 
@@ -350,6 +351,8 @@ class Simulation:
             "log.flush.interval.messages": flush_messages,
             "min.insync.replicas": self.min_isr,
         })
+        self.state_paths = {Z.state_path(TOPIC, p): (TOPIC, p) for p in range(partitions)}
+        self.zookeeper.write_observers.append(self.state_written)
         self.brokers = {b: SimBroker(self, b, config.with_overrides({"broker.id": b})) for b in range(1, brokers + 1)}
         for b in self.brokers.values():
             b.start()
@@ -373,6 +376,20 @@ class Simulation:
         if cached is None or cached[0] != node.mzxid:
             cached = self._states[tp] = (node.mzxid, Z.LeaderAndIsr.from_json(node.data))
         return cached[1]
+
+    def state_written(self, path: str, data: bytes) -> None:
+        """Every partition state write, including those a controller overwrites within
+        one step (an offline state, then its election): what the documented-loss model
+        needs to know (InvariantChecker.documented_loss)."""
+        tp = self.state_paths.get(path)
+        if tp is None:
+            return
+        state = Z.LeaderAndIsr.from_json(data)
+        model = self.model
+        for key in [k for k in model.crashed_in_isr if k[1] == tp and k[0] not in state.isr]:
+            del model.crashed_in_isr[key]   # out of the ISR: it returns only by catching up
+        if state.leader < 0:
+            model.offline_isr[tp] = state.isr
 
     def assignment(self) -> dict[int, list[int]]:
         import json
@@ -809,8 +826,8 @@ class InvariantChecker:
                     sim.check_value(tp, off, vals[off - lso], f"below the HW of broker {b.broker_id}")
                 self.verified[(b.broker_id, tp)] = (ident, max(start, hw))
                 replicas[b.broker_id] = (part, vals)
-            if state is not None:
-                self.documented_loss(tp, state, replicas.get(state.leader, (None,))[0])
+            if state is not None and state.leader in replicas:
+                self.documented_loss(tp, state, replicas[state.leader][0])
             # I1: the current leader holds every acknowledged record.
             if state is not None and state.leader in replicas:
                 part, vals = replicas[state.leader]
@@ -835,11 +852,6 @@ class InvariantChecker:
         (whoever of them leads, the others held the records), an ISR member that never
         crashed, or a record the leader never held (beyond its end offset at the crash)."""
         sim, model = self.sim, self.sim.model
-        for key in [k for k in model.crashed_in_isr if k[1] == tp and k[0] not in state.isr]:
-            del model.crashed_in_isr[key]   # out of the ISR: it returns only by catching up
-        if state.leader < 0:
-            model.offline_isr[tp] = state.isr
-            return
         if part is None or part.role != LEADER or part.leader_epoch != state.leader_epoch:
             return
         offline_isr = model.offline_isr.pop(tp, None)

@@ -54,6 +54,7 @@ class SimZooKeeper:
         self.sessions: dict[int, "SimKazooClient"] = {}
         self.data_watches: dict[str, list] = {}
         self.child_watches: dict[str, list] = {}
+        self.write_observers: list = []     # (path, data) of every create and set, for a test's model
 
     # ------------------------------------------------------------ sessions
     def open_session(self, client: "SimKazooClient") -> int:
@@ -94,6 +95,8 @@ class SimZooKeeper:
         self.nodes[path] = _Node(data, self.zxid, self.zxid, owner=owner)
         self.nodes[parent].cversion += 1
         self.nodes[parent].seq += 1
+        for observe in self.write_observers:
+            observe(path, data)
         self._fire(self.data_watches, path, EventType.CREATED)
         self._fire(self.child_watches, parent, EventType.CHILD)
         return path
@@ -110,6 +113,8 @@ class SimZooKeeper:
         node = self._node(path, version)
         self.zxid += 1
         node.data, node.version, node.mzxid = data, node.version + 1, self.zxid
+        for observe in self.write_observers:
+            observe(path, data)
         self._fire(self.data_watches, path, EventType.CHANGED)
         return node.stat(len(self.children(path)))
 

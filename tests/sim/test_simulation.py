@@ -103,3 +103,13 @@ def test_a_crashed_last_leader_loses_what_it_had_not_flushed_and_nothing_else():
     model = run_seed(3720)
     assert [(tp, leader, start, hw_seen) for _step, tp, leader, start, hw_seen, _acked in model.documented_losses] \
         == [(("sim", 0), 1, 0, 2), (("sim", 1), 1, 0, 4)]
+
+
+def test_a_crashed_last_leader_elected_and_made_offline_within_one_controller_event():
+    """Seed 2269 of the 10,000 (I1 failed: acknowledged records not on the leader): the
+    same loss, with four acknowledged records, and the offline state overwritten by the
+    election within the one controller step that saw brokers 1 and 3 die and 3 return;
+    the model learns the offline ISR from every state write, not from what a step leaves."""
+    model = run_seed(2269)
+    assert [(tp, leader, start, hw_seen, acked) for _step, tp, leader, start, hw_seen, acked
+            in model.documented_losses] == [(("sim", 1), 3, 0, 13, 4)]
