@@ -21,6 +21,15 @@ first write; `release` gives all of them back (the Log calls it when idle), so
 a broker's descriptors and mappings follow its busy partitions, not its count
 of partitions.
 
+Bit rot: a read checks each stored batch against the CRC-32C in its header
+(`batches_from(verify_crc=True)`), once per mapping of the segment: the spans
+of batch positions already checked are kept (`VerifiedSpans`) and forgotten
+whenever the mapping is dropped (`release`, the Log's idle release, after
+`log.idle.release.ms`) or the file replaced (`_rewrite`, truncation makes a new
+segment object, a reopen a new Log). So reading the same bytes again does not
+hash them again, and damage that appears later is caught by the first read
+after the segment is next mapped.
+
 mmap safety: reads hand out zero-copy slices of a `pa.memory_map` of the data
 file, so a data file never shrinks in place (touching a mapped page past EOF
 raises SIGBUS). It only grows by appends; any truncation writes the kept
@@ -34,6 +43,7 @@ bytes below the committed size and re-map under a small lock of their own.
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import os
@@ -83,6 +93,47 @@ class RecoveryResult:
     reason: str | None       # why the scan stopped early (None: clean end)
 
 
+class VerifiedSpans:
+    """Disjoint, sorted ``[start, end)`` spans of data-file positions whose stored
+    batches passed the CRC check under the current mapping (reads are mostly
+    sequential, so a few spans cover a segment). ``clear`` forgets them all and
+    bumps ``generation``; an ``add`` made with an older generation is dropped (a
+    reader that checked bytes of a mapping released meanwhile). Thread-safe."""
+
+    __slots__ = ("_spans", "generation", "_lock")
+
+    def __init__(self):
+        self._spans: tuple[list[int], list[int]] = ([], [])    # (starts, ends), replaced whole, never mutated
+        self.generation = 0
+        self._lock = threading.Lock()
+
+    def covers(self, start: int, end: int) -> bool:
+        starts, ends = self._spans
+        i = bisect.bisect_right(starts, start) - 1
+        return i >= 0 and ends[i] >= end
+
+    def add(self, start: int, end: int, generation: int) -> None:
+        with self._lock:
+            if generation != self.generation:
+                return
+            starts, ends = list(self._spans[0]), list(self._spans[1])
+            i = bisect.bisect_left(ends, start)          # first span that ends at or after start
+            j = bisect.bisect_right(starts, end)         # spans before j start at or before end
+            if i < j:                                    # overlapping or touching spans merge
+                start, end = min(start, starts[i]), max(end, ends[j - 1])
+            starts[i:j], ends[i:j] = [start], [end]
+            self._spans = (starts, ends)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.generation += 1
+            self._spans = ([], [])
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        return list(zip(*self._spans))
+
+
 class LogSegment:
     """One segment's data file and indexes (format and thread-safety: module doc).
 
@@ -112,6 +163,7 @@ class LogSegment:
         self._buf: pa.Buffer | None = None    # current read-only mapping of the data file
         self._map_lock = threading.Lock()
         self._retired = False                 # deleted or replaced by a truncated copy
+        self._verified = VerifiedSpans()      # batch positions whose CRC was checked (module doc)
 
     # ---- creation and loading --------------------------------------------------
     @classmethod
@@ -410,13 +462,16 @@ class LogSegment:
         Starts at the offset index entry at or below `offset` and frames forward
         with Arrow (the bytes were validated when appended or recovered). With
         `verify_crc`, each batch yielded is first checked against its stored CRC
-        (bit rot since then raises CorruptRecordError, not a crash further on)."""
+        (bit rot since then raises CorruptRecordError, not a crash further on),
+        unless it was already checked under this mapping (module doc)."""
         limit = self.data_end if limit is None else limit
         end_offset = self.next_offset if end_offset is None else end_offset
         entry = self.offset_index.lookup(offset)
         base, pos = entry if entry else (self.base_offset, self.schema_size)
         if pos >= limit:
             return
+        verified = self._verified
+        generation = verified.generation      # read before mapping: a release in between voids our checks
         buf = self._map(limit)
         schema = self.schema
         while pos < limit and base < end_offset:
@@ -426,8 +481,9 @@ class LogSegment:
             batch, size = got
             n = batch.num_rows
             if base + n > offset:
-                if verify_crc:
+                if verify_crc and not verified.covers(pos, pos + size):
                     bf.check_stored_crc(buf, pos, pos + size, f"{self.path} position {pos} (batch at offset {base})")
+                    verified.add(pos, pos + size, generation)
                 yield StoredBatchRef(base, n, pos, size, batch)
             base += n
             pos += size
@@ -523,6 +579,7 @@ class LogSegment:
             raise
         self._close_fd()
         os.replace(tmp, self.path)
+        self._verified.clear()
         if not self._retired:
             with self._map_lock:
                 self._buf = None    # map the new file on the next read
@@ -567,6 +624,7 @@ class LogSegment:
         self.close()
         with self._map_lock:
             self._buf = None
+            self._verified.clear()      # the next mapping checks every batch again
         return created
 
     @property

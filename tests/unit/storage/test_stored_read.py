@@ -132,3 +132,58 @@ def test_a_batch_damaged_on_disk_is_never_read_and_the_sound_ones_before_it_are(
         with pytest.raises(CorruptRecordError, match="batch at offset 15.*CRC-32C mismatch on read"):
             log.read_stored(start, 10**6, 40)
     assert [b.base_offset for b in log.read_stored(20, 10**6, 40).batches][:2] == [20, 25]
+
+
+def _damage(seg, offset: int) -> None:
+    """Flip the last byte of the value of `offset` in `seg`'s data file, under the live mapping."""
+    with open(seg.path, "r+b") as f:
+        data = f.read()
+        at = data.index(value(offset)) + len(value(offset)) - 1
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x01]))
+
+
+def test_each_stored_batch_is_checked_once_per_mapping_and_again_after_a_release(tmp_path, monkeypatch):
+    """The CRC check costs a hash of every body byte and a header parse: a read pays it
+    only for batches not yet checked under the segment's current mapping. Releasing
+    the mapping (as the Log does when idle) forgets the checks, so damage done after
+    the first read is caught by the first read after the release."""
+    from replikafka.broker.storage import batch_format as bf
+    calls = []
+    real = bf.check_stored_crc
+    monkeypatch.setattr(bf, "check_stored_crc", lambda *a, **k: (calls.append(a[1]), real(*a, **k))[1])
+    log = open_log(tmp_path / "t-0")
+    fill(log, 12)
+    assert len(log.read_stored(0, 10**6, 60).batches) == 12 and len(calls) == 12
+    log.read_stored(0, 10**6, 60)
+    log.read_stored(22, 10**6, 40)
+    assert len(calls) == 12                       # nothing hashed twice
+    seg = next(s for s in log.segments() if s.base_offset <= 17 < s.next_offset)
+    _damage(seg, 17)
+    seg.release()
+    with pytest.raises(CorruptRecordError, match="batch at offset 15.*CRC-32C mismatch on read"):
+        log.read_stored(15, 10**6, 40)
+    got = log.read_stored(0, 10**6, 40)           # the sound batches before it still go out
+    assert [b.base_offset for b in got.batches] == [0, 5, 10]
+
+
+def test_verified_spans_merge_and_forget():
+    from replikafka.broker.storage.segment import VerifiedSpans
+    v = VerifiedSpans()
+    assert not v.covers(0, 1)
+    g = v.generation
+    v.add(100, 200, g)
+    v.add(300, 400, g)
+    assert v.spans == [(100, 200), (300, 400)]
+    assert v.covers(100, 200) and v.covers(150, 200) and not v.covers(150, 250) and not v.covers(50, 120)
+    v.add(200, 300, g)                            # touching both: one span
+    assert v.spans == [(100, 400)] and v.covers(100, 400)
+    v.add(0, 50, g)
+    v.add(450, 500, g)
+    assert v.spans == [(0, 50), (100, 400), (450, 500)]
+    v.add(40, 460, g)
+    assert v.spans == [(0, 500)]
+    v.clear()
+    assert v.spans == [] and not v.covers(0, 10)
+    v.add(0, 10, g)                               # checked under the released mapping: dropped
+    assert v.spans == []
