@@ -27,7 +27,7 @@ def add_parser(sub, name):
 
 
 def run(args) -> int:
-    from replikafka.broker.config import parse_overrides
+    from replikafka.cluster_admin import parse_overrides
     from replikafka.local_cluster import LocalCluster, load_state, pid_alive
 
     if args.action == "start":

@@ -25,7 +25,7 @@ def security_of(args) -> dict[str, str] | None:
     path = getattr(args, "command_config", None)
     if not path:
         return None
-    from replikafka.broker.config import read_properties
+    from replikafka.cluster_admin import read_properties
     from replikafka.security.tls import ClientSecurity
     try:
         props = read_properties(path)

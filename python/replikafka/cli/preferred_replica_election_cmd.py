@@ -49,7 +49,7 @@ def run(args) -> int:
     except ValueError as exc:
         sys.stderr.write(f"replikafka preferred-replica-election: error: {exc}\n")
         return 2
-    from replikafka.cli.admin_store import open_store
+    from replikafka.cli.topics_cmd import open_store
 
     if not args.bootstrap_server and not args.zookeeper:
         sys.stderr.write("replikafka preferred-replica-election: error: --bootstrap-server (or --zookeeper) is required\n")

@@ -15,10 +15,10 @@ when all completed). Files use the seed-003 JSON:
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 
+from replikafka import cluster_admin
 from replikafka import errors as E
 from replikafka.cli import command_config
 
@@ -56,7 +56,7 @@ def run(args) -> int:
     except UsageError as exc:
         sys.stderr.write(f"replikafka reassign-partitions: error: {exc}\n")
         return 2
-    from replikafka.cli.admin_store import open_store
+    from replikafka.cli.topics_cmd import open_store
 
     with open_store(args) as store:
         if action == "generate":
@@ -112,11 +112,9 @@ def _parse_broker_list(text: str) -> list[int]:
 
 
 def _read_plan_file(path: str) -> dict[TP, list[int]]:
-    from replikafka.broker.zk_store import reassignment_from_json
-
     d = _read_json(path, "reassignment file")
     try:
-        plan = reassignment_from_json(json.dumps(d).encode())
+        plan = cluster_admin.parse_reassignment(json.dumps(d).encode())
     except E.InvalidRequestError as exc:
         raise UsageError(f"reassignment file {path!r}: {exc.message if hasattr(exc, 'message') else exc}") from None
     if not plan:
@@ -143,17 +141,12 @@ def _current(store, topics) -> dict[TP, list[int]]:
 
 
 def _generate(store, topics: list[str], brokers: list[int]) -> int:
-    from replikafka.broker.controller.controller_decisions import assign_replicas
-
     current = _current(store, topics)
     proposed: dict[TP, list[int]] = {}
-    rng = random.Random()
     for t in topics:
         parts = sorted(p for (tt, p) in current if tt == t)
         rf = len(current[(t, parts[0])])
-        n = len(brokers)
-        assignment = assign_replicas(len(parts), rf, brokers, start_index=rng.randrange(n),
-                                     replica_shift=rng.randrange(n))
+        assignment = cluster_admin.propose_assignment(len(parts), rf, brokers)
         proposed.update({(t, p): assignment[p] for p in parts})
     print("Current partition replica assignment")
     print(plan_json(current))

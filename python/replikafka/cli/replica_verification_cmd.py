@@ -40,10 +40,9 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from datetime import datetime
 
-import crc32c as _crc32c
-
 from replikafka import errors as E
 from replikafka.cli import command_config
+from replikafka.cluster_admin import stored_batches
 
 #: Kafka's DEBUGGING_CONSUMER replica id (see broker/replica/replica_manager.py).
 DEBUGGING_REPLICA_ID = -2
@@ -104,35 +103,18 @@ def parse_batches(data: bytes, where: str = "fetch") -> tuple[list[BatchInfo], s
     """The stored batches of a debugging-fetch answer (an Arrow IPC stream: schema
     message, then stored batch messages). Returns the batches and, when the bytes
     stop making sense part-way, why (the batches before that point are kept)."""
-    from replikafka.broker.storage import batch_format as bf
-
-    if not data:
-        return [], None
     out: list[BatchInfo] = []
-    limit = len(data)
     try:
-        _schema, pos = bf.read_schema_message(data, limit, where)
+        for b in stored_batches(data, where):
+            problems = []
+            if b.body_crc != b.stored_crc:
+                problems.append(f"the body does not match the CRC-32C {b.stored_crc:08x} stored with it: corrupt")
+            if b.record_count != b.arrow_record_count:
+                problems.append(f"the header says {b.record_count} records, the Arrow batch {b.arrow_record_count}")
+            out.append(BatchInfo(b.base_offset, b.record_count, b.leader_epoch, b.stored_crc, b.body_crc,
+                                 "; ".join(problems) or None))
     except E.CorruptRecordError as exc:
         return out, exc.message
-    view = memoryview(data)
-    while pos < limit:
-        try:
-            got = bf.read_header(data, pos, limit, f"{where} position {pos}")
-        except E.CorruptRecordError as exc:
-            return out, exc.message
-        if got is None:
-            break
-        header, info = got
-        body_start = pos + bf.PREFIX_SIZE + info.metadata_length
-        body_crc = _crc32c.crc32c(view[body_start:pos + info.size])
-        problems = []
-        if body_crc != header.crc32c:
-            problems.append(f"the body does not match the CRC-32C {header.crc32c:08x} stored with it: corrupt")
-        if header.record_count != info.record_count:
-            problems.append(f"the header says {header.record_count} records, the Arrow batch {info.record_count}")
-        out.append(BatchInfo(header.base_offset, header.record_count, header.leader_epoch, header.crc32c,
-                             body_crc, "; ".join(problems) or None))
-        pos += info.size
     return out, None
 
 

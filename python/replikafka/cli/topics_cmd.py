@@ -78,6 +78,14 @@ def admin_for(args):
     return Admin(command_config.client_config_of(args, bootstrap_from(args.bootstrap_server, args.zookeeper)))
 
 
+def open_store(args):
+    """The reassignment and election commands' view of the cluster (``cluster_admin.open_admin``):
+    over RPCs with ``--bootstrap-server``, over ZooKeeper with ``--zookeeper``."""
+    from replikafka.cluster_admin import open_admin
+
+    return open_admin(admin_for(args) if getattr(args, "bootstrap_server", None) else None, args.zookeeper)
+
+
 def _check(args) -> str:
     chosen = [a for a in _ACTIONS if getattr(args, a)]
     if len(chosen) != 1:

@@ -48,7 +48,7 @@ def _load_properties(path: str | None) -> dict[str, str]:
         return {}
     if not os.path.isfile(path):
         raise ReplikafkaError(f"configuration file {path!r} does not exist", code="INVALID_CONFIG")
-    from replikafka.broker.config import read_properties
+    from replikafka.cluster_admin import read_properties
 
     return read_properties(path)
 
