@@ -56,10 +56,6 @@ def permission_name(value: str) -> str:
     return _canonical(value, PERMISSIONS, "permission")
 
 
-def resource_type_name(value: str) -> str:
-    return _canonical(value, RESOURCE_TYPES, "resource type")
-
-
 def pattern_type_name(value: str) -> str:
     return _canonical(value, PATTERN_TYPES, "resource pattern type")
 

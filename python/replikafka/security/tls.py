@@ -281,14 +281,6 @@ class ClientSecurity:
 PLAINTEXT = ClientSecurity()
 
 
-def split_client_config(config: Mapping[str, Any] | None) -> tuple[dict, dict]:
-    """(security keys, the rest) of a librdkafka-style dict."""
-    sec, rest = {}, {}
-    for k, v in (config or {}).items():
-        (sec if k in CLIENT_KEYS or k.startswith("ssl.") or k.startswith("sasl.") else rest)[k] = v
-    return sec, rest
-
-
 def diagnose(target: str, security: ClientSecurity, timeout_s: float = DIAGNOSE_TIMEOUT_S) -> str | None:
     """Why a connection to ``target`` fails at the TLS level, in words, or None if the
     handshake (and the server's first answer) is fine or the broker is not reachable
