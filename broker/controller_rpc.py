@@ -19,10 +19,47 @@ def broker_endpoints_pb(brokers: tuple[M.BrokerEndpoint, ...]) -> list[pb.Broker
             for b in brokers]
 
 
-def partition_states_pb(roles: tuple[M.PartitionRole, ...]) -> list[pb.PartitionState]:
-    return [pb.PartitionState(topic=s.topic, partition=s.partition, controller_epoch=s.controller_epoch,
-                              leader=s.leader, leader_epoch=s.leader_epoch, isr=s.isr, zk_version=s.zk_version,
-                              replicas=s.replicas) for s in roles]
+def partition_state_pb(s: M.PartitionRole) -> pb.PartitionState:
+    return pb.PartitionState(topic=s.topic, partition=s.partition, controller_epoch=s.controller_epoch,
+                             leader=s.leader, leader_epoch=s.leader_epoch, isr=s.isr, zk_version=s.zk_version,
+                             replicas=s.replicas)
+
+
+class StateMemo:
+    """Partition states already encoded, by identity: the controller sends the same
+    ``PartitionRole`` objects in an UpdateMetadata and in the LeaderAndIsrs after it,
+    and at 50,000 partitions encoding each once, then copying it, is a good part of a
+    failover. Holds what :meth:`reset` last cleared to, at most ``limit`` entries."""
+
+    def __init__(self, limit: int = 1_000_000):
+        self.limit = limit
+        self.encoded: dict[int, tuple[M.PartitionRole, pb.PartitionState]] = {}
+
+    def reset(self) -> None:
+        self.encoded = {}
+
+    def get(self, s: M.PartitionRole) -> pb.PartitionState:
+        hit = self.encoded.get(id(s))
+        if hit is not None and hit[0] is s:
+            return hit[1]
+        out = partition_state_pb(s)
+        if len(self.encoded) < self.limit:
+            self.encoded[id(s)] = (s, out)   # the role is kept: its id stays its own
+        return out
+
+
+def partition_states_pb(roles: tuple[M.PartitionRole, ...], memo: StateMemo | None = None) -> list[pb.PartitionState]:
+    if memo is None:
+        return [partition_state_pb(s) for s in roles]
+    get = memo.encoded.get   # (the loop is the hot part of a failover's sends)
+    out = []
+    for s in roles:
+        hit = get(id(s))
+        if hit is not None and hit[0] is s:
+            out.append(hit[1])
+        else:
+            out.append(memo.get(s))
+    return out
 
 
 def topic_infos_pb(topics: dict[str, M.TopicInfo]) -> list[pb.TopicInfo]:
@@ -30,22 +67,22 @@ def topic_infos_pb(topics: dict[str, M.TopicInfo]) -> list[pb.TopicInfo]:
                          topic_id=t.topic_id) for name, t in topics.items()]
 
 
-def leader_and_isr_pb(req: M.LeaderAndIsrRequest) -> pb.LeaderAndIsrRequest:
+def leader_and_isr_pb(req: M.LeaderAndIsrRequest, memo: StateMemo | None = None) -> pb.LeaderAndIsrRequest:
     return pb.LeaderAndIsrRequest(controller_id=req.controller_id, controller_epoch=req.controller_epoch,
-                                  broker_epoch=req.broker_epoch, partitions=partition_states_pb(req.partitions),
+                                  broker_epoch=req.broker_epoch, partitions=partition_states_pb(req.partitions, memo),
                                   live_leaders=broker_endpoints_pb(req.live_leaders),
                                   topics=topic_infos_pb(req.topics))
 
 
-def update_metadata_pb(req: M.UpdateMetadataRequest) -> pb.UpdateMetadataRequest:
+def update_metadata_pb(req: M.UpdateMetadataRequest, memo: StateMemo | None = None) -> pb.UpdateMetadataRequest:
     return pb.UpdateMetadataRequest(controller_id=req.controller_id, controller_epoch=req.controller_epoch,
-                                    partitions=partition_states_pb(req.partitions),
+                                    partitions=partition_states_pb(req.partitions, memo),
                                     live_brokers=broker_endpoints_pb(req.live_brokers),
                                     topics=topic_infos_pb(req.topics), deleted_topics=req.deleted_topics,
                                     full=req.full)
 
 
-def stop_replica_pb(req: M.StopReplicaRequest) -> pb.StopReplicaRequest:
+def stop_replica_pb(req: M.StopReplicaRequest, memo: StateMemo | None = None) -> pb.StopReplicaRequest:
     return pb.StopReplicaRequest(controller_id=req.controller_id, controller_epoch=req.controller_epoch,
                                  broker_epoch=req.broker_epoch, delete_partitions=req.delete_partitions,
                                  partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in req.partitions])
@@ -65,7 +102,10 @@ CALLS = {
 }
 
 
-def encode(request) -> tuple[str, object]:
-    """The RPC method and protobuf message for a plain controller request."""
+def encode(request, memo: StateMemo | None = None) -> tuple[str, object]:
+    """The RPC method and protobuf message for a plain controller request. With ``memo``
+    an UpdateMetadata starts it afresh and the requests after it reuse its states."""
     method, to_pb = CALLS[type(request)]
-    return method, to_pb(request)
+    if memo is not None and type(request) is M.UpdateMetadataRequest:
+        memo.reset()
+    return method, to_pb(request, memo)

@@ -99,6 +99,7 @@ class ControllerChannelManager:
         # The last request encoded: one UpdateMetadata goes to every broker, encoded once
         # (at 50,000 partitions the encoding is a good part of a failover).
         self._last_encoded: tuple[object, str, object] | None = None
+        self._states = controller_rpc.StateMemo()   # and its partition states once for the LeaderAndIsrs after it
 
     def set_brokers(self, live: dict[int, tuple[str, int]]) -> None:
         with self.lock:
@@ -123,8 +124,8 @@ class ControllerChannelManager:
         if last is not None and last[0] is request:
             method, wire = last[1], last[2]
         else:
-            method, wire = controller_rpc.encode(request)
-            with self.lock:
+            with self.lock:   # one event thread sends; the lock keeps the memo whole regardless
+                method, wire = controller_rpc.encode(request, self._states)
                 self._last_encoded = (request, method, wire)
         ch.send(method, wire, None if on_response is None else
                 lambda bid, resp: on_response(bid, controller_rpc.request_result(resp)))
@@ -146,3 +147,4 @@ class ControllerChannelManager:
                 ch.close()
             self.channels.clear()
             self._last_encoded = None
+            self._states.reset()
