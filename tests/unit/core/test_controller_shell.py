@@ -231,4 +231,11 @@ def test_the_channel_manager_encodes_a_broadcast_once_and_answers_in_plain_data(
     (b, result), = answers
     assert b == 2 and result.error is None and [(tp, e.code) for tp, e in result.partition_errors] == [
         (("t", 0), "KAFKA_STORAGE_ERROR")]
+    # the states of an UpdateMetadata are encoded once; a LeaderAndIsr after it reuses them, unchanged
+    r = M.PartitionRole("t", 0, 1, 4, (1, 2), (1, 2, 3), 7, 3)
+    manager.send(1, M.UpdateMetadataRequest(5, 3, (r,)))
+    lai = M.LeaderAndIsrRequest(5, 3, 9, (r, M.PartitionRole("t", 1, 2, 0, (2,), (2,), 0, 3)))
+    manager.send(1, lai)
+    assert manager._states.encoded[id(r)][0] is r
+    assert manager.channels[1].got[-1] == ("LeaderAndIsr", controller_rpc.leader_and_isr_pb(lai))
     manager.channels = {}
