@@ -14,6 +14,9 @@ Figures, each with a baseline measured in the same run where one exists:
   the same broker's start with no partitions, at the beginning of the run;
 * failover of the third led by one broker: the controller noticing -> all new
   leaders, -> every one of those partitions accepted a write;
+* ISR re-entry after each restart: until every ISR is full again (the leaders
+  take the restarted follower back as it catches up), bounded by ISR_WAIT_S; a
+  run that reaches the bound reports how many ISRs were still short and goes on;
 * controller failover: the new controller's load + resend of N partitions.
 """
 from __future__ import annotations
@@ -37,6 +40,12 @@ from replikafka.protocol import replikafka_pb2_grpc as pbg
 
 PARTITIONS = int(os.environ.get("REPLIKAFKA_BENCH_PARTITIONS", "50000"))
 TOPIC = "scale"
+#: The longest the bench waits for every ISR to be full again (s): past it, the row says
+#: how many were still short and the run goes on to its later phases.
+ISR_WAIT_S = float(os.environ.get("REPLIKAFKA_BENCH_ISR_WAIT_S", "600"))
+#: Between two metadata reads of the whole topic while waiting (s): each answer costs a
+#: broker seconds at 50,000 partitions, and polling faster slowed what it waited for.
+POLL_S = 2.0
 _CHANNEL_OPTS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
 
 
@@ -66,6 +75,37 @@ def _zk_floor(cluster: LocalCluster, n: int) -> float:
     finally:
         zk.stop()
         zk.close()
+
+
+def _poll(predicate, timeout_s: float, what: str):
+    """``_wait`` for predicates that read the whole topic's metadata: every POLL_S."""
+    deadline = time.time() + timeout_s
+    while True:
+        v = predicate()
+        if v:
+            return v
+        if time.time() > deadline:
+            raise RuntimeError(f"bench scale: timed out waiting for {what}")
+        time.sleep(POLL_S)
+
+
+def _isr_short(admin) -> list:
+    """The partitions whose ISR is not full (all 3 replicas)."""
+    return [p for p in admin.describe_topic(TOPIC).partitions if len(p.isr) < len(p.replicas)]
+
+
+def _wait_isr_full(admin, since: float, bound_s: float) -> tuple[float, int]:
+    """(seconds from ``since`` until every ISR was full, or until the bound; ISRs still short)."""
+    deadline = time.time() + bound_s
+    while True:
+        short = len(_isr_short(admin))
+        if not short or time.time() > deadline:
+            return time.time() - since, short
+        time.sleep(POLL_S)
+
+
+#: A broker's log line once it handled a LeaderAndIsr (replica_manager.leader_and_isr).
+_HANDLED_LEADER_AND_ISR = r"LeaderAndIsr from controller \d+ \(epoch \d+\): \d+ partitions in"
 
 
 def _took_up(cluster: LocalCluster, broker_id: int, n: int, after: float) -> float | None:
@@ -124,6 +164,11 @@ def run() -> list[dict]:
         print(f"scale: {metric}: {value:.3f} {unit}" + (f" (baseline {baseline:.3f})" if baseline else ""),
               file=sys.stderr, flush=True)
 
+    def isr_rows(what, seconds, short):
+        row(f"{what}" + (f" (bound {ISR_WAIT_S:.0f} s reached)" if short else ""), seconds, "s")
+        if short:
+            row(f"{what}: ISRs still short at the bound", short, "partitions")
+
     cluster = LocalCluster(os.path.join(root, "c"), 3, die_with_parent=True,
                            # Kafka's default session timeout: shorter ones expired under the GIL
                            # of a broker taking up 50,000 partitions on a loaded machine (the
@@ -161,8 +206,7 @@ def run() -> list[dict]:
                  for b in cluster.ids]
         row(f"create topic, {n} partitions RF=3: CreateTopic returns", created - t0, "s", floor)
         row(f"create topic, {n} partitions RF=3: all replicas taken up", max(taken) - t0, "s", floor)
-        _wait(lambda: all(len(p.isr) == 3 for p in admin.describe_topic(TOPIC).partitions), 1800,
-              "every ISR full")
+        isr_rows("create topic: every ISR full", *_wait_isr_full(admin, t0, ISR_WAIT_S))
 
         rss, fds = _proc_usage(cluster.procs[victim].pid)
         row("broker RSS per 10,000 replicas", (rss - empty_rss) / n * 10_000 / 2**20, "MiB")
@@ -172,33 +216,44 @@ def run() -> list[dict]:
         t = time.time()
         cluster.stop_broker(victim, timeout_s=600)
         row(f"SIGTERM -> exited, {n} replicas", time.time() - t, "s")
-        row(f"restart after SIGTERM -> serving {n} replicas", _restart(cluster, victim, n), "s", empty_start)
-        _wait(lambda: all(len(p.isr) == 3 for p in admin.describe_topic(TOPIC).partitions), 1800,
-              "every ISR full")
+        serving = _restart(cluster, victim, n)
+        row(f"restart after SIGTERM -> serving {n} replicas", serving, "s", empty_start)
+        isr_rows("after the SIGTERM restart: serving -> every ISR full",
+                 *_wait_isr_full(admin, cluster.launched_ms[victim] / 1000 + serving, ISR_WAIT_S))
         # Put the victim back at the head of its partitions so it leads a third.
         admin_led = lambda: [p.partition for p in admin.describe_topic(TOPIC).partitions if p.leader == victim]
         if not admin_led():
             _preferred_election(cluster)
-            _wait(lambda: len(admin_led()) >= n // 3 - 1, 600, "preferred leaders back")
-        led = admin_led()
-        # A follower that fell behind meanwhile (a loaded machine) left an ISR: with the
-        # victim alone in it, its partition could not fail over.
-        _wait(lambda: all(len(p.isr) == 3 for p in admin.describe_topic(TOPIC).partitions), 1800,
-              "every ISR full before the kill")
+            _poll(lambda: len(admin_led()) >= n // 3 - 1, 600, "preferred leaders back")
+        # A partition whose ISR holds the victim alone cannot fail over (no clean
+        # leader is left): the failover rows count the others and say how many.
+        parts = admin.describe_topic(TOPIC).partitions
+        led = [p.partition for p in parts if p.leader == victim and len(p.isr) > 1]
+        alone = sum(1 for p in parts if p.leader == victim and len(p.isr) <= 1)
+        if alone:
+            row("failover: partitions left out (the victim alone in their ISR)", alone, "partitions")
 
         # Failover of the third it leads (SIGKILL), then its restart after SIGKILL.
+        survivors = [b for b in cluster.ids if b != victim]
         killed_at = time.time()
         cluster.kill(victim)
         noticed = _wait(lambda: _first_line(cluster, controller, rf"brokers \[{victim}\] failed", killed_at - 1),
                         60, "the controller noticing")[0]
-        _wait(lambda: not any(p.leader == victim for p in admin.describe_topic(TOPIC).partitions), 600,
-              "new leaders")
-        all_led = time.time()
+        # Every new leader is in place once each survivor has handled the LeaderAndIsr
+        # that failover sent it (its log line's time): a metadata read of the whole
+        # topic takes seconds at this size, too coarse to time it by polling.
+        handled = [_wait(lambda b=b: _first_line(cluster, b, _HANDLED_LEADER_AND_ISR, noticed), 600,
+                         f"broker {b} to handle the failover's LeaderAndIsr")[0] for b in survivors]
+        _poll(lambda: not any(p.leader == victim for p in admin.describe_topic(TOPIC).partitions), 600,
+              "new leaders in the metadata")
         _write_all(cluster, admin, led)
         all_written = time.time()
-        row(f"failover of {len(led)} partitions: noticed -> all new leaders", all_led - noticed, "s")
+        row(f"failover of {len(led)} partitions: noticed -> all new leaders", max(handled) - noticed, "s")
         row(f"failover of {len(led)} partitions: noticed -> all accept writes", all_written - noticed, "s")
-        row(f"restart after SIGKILL -> serving {n} replicas", _restart(cluster, victim, n), "s", empty_start)
+        serving = _restart(cluster, victim, n)
+        row(f"restart after SIGKILL -> serving {n} replicas", serving, "s", empty_start)
+        isr_rows("after the SIGKILL restart: serving -> every ISR full",
+                 *_wait_isr_full(admin, cluster.launched_ms[victim] / 1000 + serving, ISR_WAIT_S))
 
         # Controller failover.
         killed_at = time.time()

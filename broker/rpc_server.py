@@ -38,6 +38,7 @@ from kazoo.exceptions import KazooException
 
 from replikafka import errors as E
 from replikafka.broker import replica_fetch_codec, replica_rpc
+from replikafka.broker.bulk_work import paused_gc
 from replikafka.broker.wire_limits import WireLimits, check_request_entries
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import abort, to_pb
@@ -390,22 +391,25 @@ class BrokerServicer:
         refusal = self._controller_refusal(request)
         if refusal is not None:
             return pb.LeaderAndIsrResponse(error=to_pb(refusal))
-        request, refused = self.broker.control_guard.filter_leader_and_isr(request)
-        try:
-            out = replica_rpc.leader_and_isr(self.rm, self.broker.metadata, request)
-        except E.StaleControllerEpochError as exc:
-            return pb.LeaderAndIsrResponse(error=to_pb(exc))
-        out.partitions.extend(refused)
-        return out
+        with paused_gc():   # one object or more per partition named (broker/bulk_work.py)
+            request, refused = self.broker.control_guard.filter_leader_and_isr(request)
+            try:
+                out = replica_rpc.leader_and_isr(self.rm, self.broker.metadata, request)
+            except E.StaleControllerEpochError as exc:
+                return pb.LeaderAndIsrResponse(error=to_pb(exc))
+            out.partitions.extend(refused)
+            return out
 
     def UpdateMetadata(self, request, ctx: RequestContext):
         refusal = self._controller_refusal(request)
         if refusal is not None:
             return pb.UpdateMetadataResponse(error=to_pb(refusal))
         guard = self.broker.control_guard
-        request = guard.filter_update_metadata(request, self.broker.metadata.topic_names())
-        replica_rpc.handle_update_metadata(self.rm, self.broker.metadata, replica_rpc.update_metadata_request(request),
-                                           lambda tps: guard.deletable_here(self.rm.broker_id, tps))
+        with paused_gc():   # one object or more per partition named (broker/bulk_work.py)
+            request = guard.filter_update_metadata(request, self.broker.metadata.topic_names())
+            replica_rpc.handle_update_metadata(self.rm, self.broker.metadata,
+                                               replica_rpc.update_metadata_request(request),
+                                               lambda tps: guard.deletable_here(self.rm.broker_id, tps))
         self.rm.notify_data()
         return pb.UpdateMetadataResponse()
 

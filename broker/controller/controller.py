@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 
 from replikafka.broker import state_change_log
+from replikafka.broker.bulk_work import paused_gc
 from replikafka.broker import zk_store as Z
 from replikafka.broker.controller import controller_decisions as D
 from replikafka.broker.controller import controller_events as V
@@ -227,7 +228,8 @@ class Controller:
             return True
         self.recent.append(event)
         try:
-            HANDLERS[type(event)](self, event)
+            with paused_gc():    # a failover or broker change builds a state per partition
+                HANDLERS[type(event)](self, event)
         except Z.ControllerMovedError:
             log.warning("broker %d: lost the controller role during %s", self.broker_id, name)
             self._resign(delete_znode=False)

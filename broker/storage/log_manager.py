@@ -55,6 +55,7 @@ import pyarrow as pa
 
 from replikafka.errors import InvalidTopicError, StorageError, UnknownTopicOrPartitionError
 from replikafka.records import validate_topic_name
+from replikafka.broker.bulk_work import paused_gc
 
 from .checkpoints import (LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
                           REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpointFile, TopicPartition)
@@ -164,8 +165,9 @@ class LogManager:
         try:
             for path in log_dirs:
                 self._dirs.append(_LogDir(path))
-            for d in self._dirs:
-                self._load_dir(d)
+            with paused_gc():     # every log's objects at once (broker/bulk_work.py)
+                for d in self._dirs:
+                    self._load_dir(d)
         except BaseException:
             for d in self._dirs:
                 d.release()

@@ -34,11 +34,16 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of command ``only`` alone: each command's module
+    imports what it runs (a broker's start imported every client tool's module,
+    seconds of a restart on a loaded machine)."""
     parser = _Parser(prog="replikafka", description="replikafka: a replicated Arrow log store")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, module in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         try:
             mod = importlib.import_module(f"replikafka.cli.{module}")
         except ModuleNotFoundError as exc:
@@ -52,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from replikafka.errors import CommandError, ReplikafkaError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # A known command first: build its parser alone (anything else: all, for help and errors).
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
