@@ -129,6 +129,7 @@ def _write_all(cluster: LocalCluster, admin, partitions: list[int]) -> None:
     from replikafka import records as R
     b = R.to_record_batch([{"value": b"x"}], R.parse_schema("value BINARY"), timestamp_ms=0)
     payload = R.encode_stream(b.schema, [b]).to_pybytes()
+    crc = R.records_crc32c(payload)
     todo = set(partitions)
     deadline = time.time() + 900
     while todo and time.time() < deadline:
@@ -141,7 +142,8 @@ def _write_all(cluster: LocalCluster, admin, partitions: list[int]) -> None:
                 continue
             stub = pbg.ReplikafkaStub(grpc.insecure_channel(cluster.address(leader), options=_CHANNEL_OPTS))
             resp = stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
-                pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload) for p in parts]), timeout=300)
+                pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload, records_crc32c=crc)
+                for p in parts]), timeout=300)
             todo -= {r.partition for r in resp.partitions if not r.error.code}
         if todo:
             time.sleep(0.1)
