@@ -32,6 +32,11 @@ FLIGHT_PROTOCOL = "FLIGHT"
 #: After a Flight listener cannot be reached (connection, TLS handshake), read that
 #: broker with Fetch for this long before trying Flight again.
 UNREACHABLE_PAUSE_S = 30.0
+#: gRPC options of every Flight client. The receiver advertises its HTTP/2 max frame
+#: size, so this lets brokers send a DoGet's batches in frames of up to 16 MiB instead
+#: of gRPC's default 16 KiB. Measured on loopback: ~20% less client CPU per byte of a
+#: range read, throughput up only 1-10% (bench cluster prints the ceiling both ways).
+FLIGHT_CLIENT_GENERIC_OPTIONS = [("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1)]
 
 
 @dataclass
@@ -108,7 +113,9 @@ class FlightReader:
         with self._lock:
             c = self._clients.get(address)
             if c is None:
-                c = self._clients[address] = fl.FlightClient(f"{self._scheme}://{address}", **self._client_options)
+                c = self._clients[address] = fl.FlightClient(f"{self._scheme}://{address}",
+                                                                 generic_options=FLIGHT_CLIENT_GENERIC_OPTIONS,
+                                                                 **self._client_options)
             return c
 
     def read(self, address: str, ticket: PartitionTicket, timeout_s: float) -> FlightRead:
