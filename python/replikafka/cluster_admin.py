@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -36,7 +37,14 @@ class AdminRpcStore:
     """The store methods the reassignment and election commands use (ZooKeeper's
     ``ZkStore`` has the same), answered by a broker through Metadata,
     AlterPartitionReassignments, ListPartitionReassignments and ElectLeaders over
-    a :class:`replikafka.Admin`."""
+    a :class:`replikafka.Admin`.
+
+    The pending reassignments and elections are read from ZooKeeper by the broker,
+    but assignments and leaders come from its metadata cache, which the controller
+    updates after it finishes (UpdateMetadata): a command that sees its request done
+    gives the cache ``metadata_settle_s`` to show the outcome before it reports."""
+
+    metadata_settle_s = 10.0    # seconds; how long a broker's metadata may trail ZooKeeper
 
     def __init__(self, admin):
         self.admin = admin
@@ -99,6 +107,18 @@ def open_admin(admin=None, zookeeper: str | None = None):
     from replikafka.cli.zk_session import zk_session
     with zk_session(zookeeper) as zk:
         yield ZkStore(zk)
+
+
+def settled(store, read, ok, poll_s: float = 0.2):
+    """``read()`` once the answer is ``ok``, re-read for at most the store's
+    ``metadata_settle_s`` (0 for ZooKeeper, which is the record itself); the last
+    answer either way, so a real failure is still reported, only later."""
+    deadline = time.monotonic() + getattr(store, "metadata_settle_s", 0.0)
+    got = read()
+    while not ok(got) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        got = read()
+    return got
 
 
 # ---------------------------------------------------------------- formats and rules

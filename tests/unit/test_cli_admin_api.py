@@ -59,3 +59,42 @@ def test_overrides_and_properties_read_as_the_broker_reads_them(tmp_path):
     assert cluster_admin.read_properties(str(f)) == {"k": "v"}
     with pytest.raises(E.InvalidConfigError, match="does not exist"):
         cluster_admin.read_properties(str(tmp_path / "none"))
+
+
+class _TrailingStore:
+    """A view whose answers reach the wanted one only after ``stale`` reads, as a
+    broker's metadata cache trails ZooKeeper."""
+    metadata_settle_s = 5.0
+
+    def __init__(self, stale: int):
+        self.reads = 0
+        self.stale = stale
+
+    def read(self) -> str:
+        self.reads += 1
+        return "new" if self.reads > self.stale else "old"
+
+
+def test_settled_rereads_a_trailing_view_until_it_shows_the_outcome():
+    store = _TrailingStore(stale=3)
+    assert cluster_admin.settled(store, store.read, lambda got: got == "new", poll_s=0.001) == "new"
+    assert store.reads == 4
+
+
+def test_settled_reports_the_last_answer_once_the_settle_time_is_over():
+    store = _TrailingStore(stale=10**9)
+    store.metadata_settle_s = 0.05
+    assert cluster_admin.settled(store, store.read, lambda got: got == "new", poll_s=0.001) == "old"
+    assert store.reads > 1
+
+
+def test_settled_reads_zookeeper_once():
+    class Record:   # ZooKeeper's view (ZkStore) is the record itself: no settle time
+        reads = 0
+
+        def read(self):
+            self.reads += 1
+            return "old"
+    store = Record()
+    assert cluster_admin.settled(store, store.read, lambda got: got == "new") == "old"
+    assert store.reads == 1

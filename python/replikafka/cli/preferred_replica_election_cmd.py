@@ -13,6 +13,7 @@ import json
 import sys
 import time
 
+from replikafka import cluster_admin
 from replikafka import errors as E
 from replikafka.cli import command_config
 
@@ -73,7 +74,10 @@ def run(args) -> int:
             if time.monotonic() > deadline:
                 raise E.KafkaTimeoutError(f"the controller did not finish the election in {args.timeout_ms} ms")
             time.sleep(0.2)
-        states = store.get_partition_states(wanted)
+        # Leaders come from a broker's metadata, which may trail the finished election.
+        states = cluster_admin.settled(
+            store, lambda: store.get_partition_states(wanted),
+            lambda st: all(tp in st and st[tp][0].leader == assignments[tp[0]][tp[1]][0] for tp in wanted))
         not_preferred = []
         for tp in wanted:
             replicas = assignments[tp[0]][tp[1]]

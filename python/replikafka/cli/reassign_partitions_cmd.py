@@ -185,7 +185,10 @@ def _execute(store, plan: dict[TP, list[int]], wait: bool, timeout_s: float) -> 
             print(line, flush=True)
             last = line
         if done == len(plan):
-            return _report(status)
+            # A broker's metadata may still show the old replicas of a partition ZooKeeper
+            # has finished: give it time to catch up before calling that a failure.
+            return _report(cluster_admin.settled(
+                store, lambda: _status(store, plan), lambda st: all(s[0] == "completed" for s in st.values())))
         if time.monotonic() > deadline:
             print(f"reassignment not finished after {timeout_s:.0f}s; it continues in the cluster "
                   f"(check with --verify)", file=sys.stderr)
