@@ -114,6 +114,12 @@ def _flight_from_memory(batches, generic_options=()) -> float:
         server.shutdown()
 
 
+def _rate_row(metric: str, value: float, baseline: float) -> dict:
+    """A records/s row with its baseline from the same run, and their ratio."""
+    return dict(bench="cluster", metric=metric, value=value, unit="records/s", baseline=baseline,
+                ratio=value / baseline)
+
+
 def _consume_parallel(bs: str, topic: str, partitions: int, n_each: int) -> float:
     """Seconds for ``partitions`` consumers (threads), one per partition, to read ``n_each`` each."""
     took = []
@@ -185,33 +191,22 @@ def run() -> list[dict]:
                          baseline=n / base, ratio=base / ours))
         rows.append(dict(bench="cluster", metric=f"{name} MB/s", value=nbytes / ours / 1e6, unit="MB/s",
                          baseline=nbytes / base / 1e6, ratio=base / ours))
-    rows.append(dict(bench="cluster", metric="produce acks=1 via Flight DoPut (the default) records/s, baseline "
-                                             "via gRPC Produce (use_flight=False)",
-                     value=n / best["produce"], unit="records/s", baseline=n / best["produce_grpc"],
-                     ratio=best["produce_grpc"] / best["produce"]))
+    rows.append(_rate_row("produce acks=1 via Flight DoPut (the default) records/s, baseline via gRPC Produce "
+                          "(use_flight=False)", n / best["produce"], n / best["produce_grpc"]))
     rows.append(dict(bench="cluster", metric="produce acks=1 CPU s per GB: client / broker, via Flight DoPut; "
                                              "baseline: the same via gRPC Produce",
                      value=f"{best['client_cpu'] / (nbytes / 1e9):.2f} / {best['produce_cpu'] / (nbytes / 1e9):.2f}",
                      unit="s/GB", baseline=f"{best['client_grpc_cpu'] / (nbytes / 1e9):.2f} / "
                                           f"{best['produce_grpc_cpu'] / (nbytes / 1e9):.2f}"))
-    rows.append(dict(bench="cluster", metric="consume via Flight vs pyarrow.flight from memory records/s",
-                     value=n / best["consume"], unit="records/s", baseline=n / best["memory_flight"],
-                     ratio=best["memory_flight"] / best["consume"]))
-    rows.append(dict(bench="cluster", metric="pyarrow.flight from memory: the consumer's gRPC options "
-                                             "(FLIGHT_CLIENT_GENERIC_OPTIONS), baseline gRPC's defaults records/s",
-                     value=n / best["memory_flight_opts"], unit="records/s", baseline=n / best["memory_flight"],
-                     ratio=best["memory_flight"] / best["memory_flight_opts"]))
-    rows.append(dict(bench="cluster", metric="consume via Flight vs pyarrow.flight from memory with the "
-                                             "consumer's gRPC options records/s",
-                     value=n / best["consume"], unit="records/s", baseline=n / best["memory_flight_opts"],
-                     ratio=best["memory_flight_opts"] / best["consume"]))
-    rows.append(dict(bench="cluster", metric="consume via Fetch only (use_flight=False) records/s",
-                     value=n / best["fetch"], unit="records/s", baseline=n / best["consume"],
-                     ratio=best["consume"] / best["fetch"]))
+    rows.append(_rate_row("consume via Flight vs pyarrow.flight from memory records/s",
+                          n / best["consume"], n / best["memory_flight"]))
+    rows.append(_rate_row("pyarrow.flight from memory: the consumer's gRPC options (FLIGHT_CLIENT_GENERIC_OPTIONS), "
+                          "baseline gRPC's defaults records/s", n / best["memory_flight_opts"], n / best["memory_flight"]))
+    rows.append(_rate_row("consume via Flight vs pyarrow.flight from memory with the consumer's gRPC options "
+                          "records/s", n / best["consume"], n / best["memory_flight_opts"]))
+    rows.append(_rate_row("consume via Fetch only (use_flight=False) records/s", n / best["fetch"], n / best["consume"]))
     n4 = 4 * len(batches[0::4]) * S.BATCH
-    rows.append(dict(bench="cluster", metric="consume, 4 consumers on 4 partitions records/s",
-                     value=n4 / best["parallel"], unit="records/s", baseline=n / best["consume"],
-                     ratio=(n4 / best["parallel"]) / (n / best["consume"])))
+    rows.append(_rate_row("consume, 4 consumers on 4 partitions records/s", n4 / best["parallel"], n / best["consume"]))
     rows.append(dict(bench="cluster", metric="consume via Flight: broker CPU s per GB served",
                      value=best["consume_cpu"] / (nbytes / 1e9), unit="s/GB"))
     rows.append(dict(bench="cluster", metric="consume via Fetch: broker CPU s per GB served",

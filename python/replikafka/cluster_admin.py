@@ -63,11 +63,6 @@ class AdminRpcStore:
         t = self._topic(topic)
         return None if t is None else {p.partition: list(p.replicas) for p in t.partitions}
 
-    def get_partition_state(self, topic: str, partition: int):
-        t = self._topic(topic)
-        part = next((p for p in t.partitions if p.partition == partition), None) if t else None
-        return None if part is None else (SimpleNamespace(leader=part.leader, isr=list(part.isr)), -1)
-
     def get_partition_states(self, tps):
         out = {}
         for topic in sorted({t for t, _ in tps}):

@@ -199,11 +199,14 @@ def _execute(store, plan: dict[TP, list[int]], wait: bool, timeout_s: float) -> 
 def _status(store, plan: dict[TP, list[int]]) -> dict[TP, tuple[str, str]]:
     """(status, detail) per partition: completed, in progress, or failed."""
     pending = store.get_reassignment()
+    # One read per topic and one batch of states, not a read per partition (over RPCs each is a Metadata).
+    assignments = {t: store.get_assignment(t) or {} for t in {t for t, _ in plan}}
+    states = store.get_partition_states([tp for tp in plan if tp in pending])
     out = {}
     for (t, p), replicas in plan.items():
-        assignment = store.get_assignment(t) or {}
+        assignment = assignments[t]
         if (t, p) in pending:
-            state = store.get_partition_state(t, p)
+            state = states.get((t, p))
             isr = set(state[0].isr) if state else set()
             lagging = [b for b in replicas if b not in isr]
             out[(t, p)] = ("in progress", f"replicas {lagging} not in sync yet" if lagging else "moving leadership")
