@@ -61,6 +61,10 @@ class ReplicaManager:
         self.partitions: dict[TP, Partition] = {}
         self.controller_epoch = -1
         self.data_arrived = threading.Condition(threading.Lock())
+        # Bumped (under data_arrived) by every notify_data: a long poll waits only if
+        # nothing was notified since it last looked (a notification between its read
+        # and its wait is never lost).
+        self.data_version = 0
         self.topic_ids: dict[str, str] = {}
         # Set once a controlled shutdown handed our roles away: later LeaderAndIsr
         # (e.g. a new controller's full state) must not make us lead or fetch again.
@@ -93,6 +97,7 @@ class ReplicaManager:
 
     def notify_data(self) -> None:
         with self.data_arrived:
+            self.data_version += 1
             self.data_arrived.notify_all()
 
     # ------------------------------------------------------------ controller requests
@@ -383,12 +388,16 @@ class ReplicaManager:
         deadline = self.clock.time_ms() + max_wait_ms
         min_bytes = max(req.min_bytes, 0)
         while True:
+            # Read before looking: an append (or HW move) notified while this fetch reads
+            # wakes it at once, not after the slice (an acks=all produce waits on it).
+            seen = self.data_version
             out, size, any_error = self._fetch_once(req)
             left = deadline - self.clock.time_ms()
             if size >= max(min_bytes, 1) or any_error or left <= 0 or not context_active():
                 return out
             with self.data_arrived:
-                self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
+                if self.data_version == seen:
+                    self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
 
     def _fetch_once(self, req: M.FetchRequest) -> tuple[list[M.FetchPartitionResult], int, bool]:
         out: list[M.FetchPartitionResult] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import pyarrow as pa
 import pytest
@@ -172,6 +173,48 @@ def test_a_follower_fetch_from_an_unassigned_broker_is_refused(broker):
     broker.metadata.broker_epochs[4] = 40
     [r] = broker.follower_fetch(4, 0)
     assert (r.error.code, r.records, r.high_watermark) == ("NOT_LEADER_OR_FOLLOWER", None, 0)
+
+
+class RecordingCondition:
+    """``data_arrived`` with its waits recorded (and returning at once)."""
+
+    def __init__(self):
+        self.waits = []
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self._lock.__exit__(*exc)
+
+    def notify_all(self):
+        pass
+
+    def wait(self, timeout):
+        self.waits.append(timeout)
+
+
+def test_a_long_poll_never_sleeps_on_an_append_made_while_it_read(broker):
+    """An append notified between the fetch's read and its wait would otherwise be
+    missed: the follower slept a whole slice while the acks=all produce waited for it."""
+    broker.leader_and_isr(1, 3, (1, 2))
+    broker.rm.data_arrived = RecordingCondition()
+    reads = []
+    fetch_once = broker.rm._fetch_once
+
+    def append_after_the_first_read(req):
+        got = fetch_once(req)
+        reads.append(got[1])
+        if len(reads) == 1:
+            broker.produce([b"a"])      # lands (and notifies) after this read saw nothing
+        return got
+
+    broker.rm._fetch_once = append_after_the_first_read
+    [r] = broker.rm.fetch(M.FetchRequest(2, (M.FetchPartition("t", 0, 0, 3, 1 << 20),), max_wait_ms=30_000,
+                                         replica_epoch=20))
+    assert r.record_count == 1 and reads[0] == 0
+    assert broker.rm.data_arrived.waits == []
 
 
 # ---------------------------------------------------------------- do_isr_work()
