@@ -14,9 +14,10 @@
   the received messages), fully validated, appended with their offsets, epoch and
   CRC added (the body goes to disk as received; its CRC-32C must equal the
   producer's), acks=all waiting for the HW as Produce does. One ``PutResult``
-  answers, a result per append; a refused call is a Flight error carrying our
-  error code. A stream holds at
-  most ``socket.request.max.bytes``.
+  answers, a result per append; a producer keeps the call open and sends further
+  groups of appends on it, each answered the same way (and each counted as one
+  Produce request); a refused call is a Flight error carrying our error code. One
+  group holds at most ``socket.request.max.bytes``.
 - ``GetFlightInfo(path=[topic])``: one endpoint per partition, at its leader's
   Flight listener, with a ticket for [log start, HW) in the leader's epoch.
 - ``ListFlights``: one FlightInfo per topic (no endpoints: ask GetFlightInfo).
@@ -137,7 +138,8 @@ class BrokerFlightServer(fl.FlightServerBase):
                  partition_offsets: Callable[[str, list[tuple[int, int]]], dict], security=None,
                  tls_certificates=None, verify_client: bool = False, root_certificates=None,
                  middleware: dict | None = None, max_put_bytes: int = 100 << 20,
-                 wire_limits: WireLimits | None = None):
+                 wire_limits: WireLimits | None = None,
+                 observe_produce: Callable[[float, str], None] = lambda seconds, error_code: None):
         super().__init__(location, tls_certificates=tls_certificates or [], verify_client=verify_client,
                          root_certificates=root_certificates, middleware=middleware)
         self.tls = bool(tls_certificates)
@@ -150,6 +152,8 @@ class BrokerFlightServer(fl.FlightServerBase):
         self.partition_offsets = partition_offsets
         self.max_put_bytes = max_put_bytes
         self.wire_limits = wire_limits or WireLimits()
+        # Each group of appends a DoPut carries is one Produce request (seconds, error code).
+        self.observe_produce = observe_produce
 
     # ------------------------------------------------------------ DoGet
     def do_get(self, context, ticket):
@@ -194,44 +198,75 @@ class BrokerFlightServer(fl.FlightServerBase):
 
     # ------------------------------------------------------------ DoPut
     def do_put(self, context, descriptor, reader, writer):
+        """The command's appends, then each further group the stream announces, each
+        answered (one PutResult) before the next is read: a producer keeps the call open
+        and pays for opening it once. Every group is authorized, limited and counted as
+        one Produce request, as if it had come alone."""
+        cmd = None
+        started = time.perf_counter()
         try:
             cmd = flight_produce.decode(descriptor)
-            require(context, self.security, "Write", cmd.topic)
-            batches = self._read_put(reader, cmd)
-            answer = flight_produce.encode_results(self.replica_manager.append_flight(cmd, batches))
+            chunks = self._put_chunks(reader, f"flight produce to {cmd.topic}-{cmd.partition}")
+            head = next(chunks, None)
+            while True:
+                require(context, self.security, "Write", cmd.topic)
+                batches = self._read_put(chunks, cmd, head)
+                answer = flight_produce.encode_results(self.replica_manager.append_flight(cmd, batches))
+                self.observe_produce(time.perf_counter() - started, "")
+                writer.write(pa.py_buffer(answer))
+                head = next(chunks, None)     # the producer's next group (or the end of the call)
+                if head is None:
+                    return
+                started = time.perf_counter()
+                if head[1] is None:
+                    raise E.InvalidRequestError(
+                        f"flight produce to {cmd.topic}-{cmd.partition}: more batches than the {cmd.batch_count} "
+                        f"CRC-32C values in the command (a further append starts with its metadata)")
+                cmd = flight_produce.decode_next_appends(cmd, head[1])
         except E.ReplikafkaError as exc:
+            self.observe_produce(time.perf_counter() - started, exc.code)
             raise to_flight_error(exc) from None
-        writer.write(pa.py_buffer(answer))
 
-    def _read_put(self, reader, cmd) -> list:
-        """The stream's batches: exactly one per CRC in the command's appends, at
-        most ``max_put_bytes`` in all (refused as soon as the stream passes it)."""
-        where = f"flight produce to {cmd.topic}-{cmd.partition}"
-        batches = []
-        nbytes = 0
+    @staticmethod
+    def _put_chunks(reader, where: str) -> Iterator[tuple[pa.RecordBatch, object]]:
+        """(batch, app_metadata or None) of each batch the stream carries."""
         while True:
             try:
                 chunk = reader.read_chunk()
             except StopIteration:
-                break
+                return
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise E.CorruptRecordError(f"{where}: the stream is not Arrow IPC: {exc}") from None
-            batch = chunk.data
-            if batch is None:
-                continue
+            if chunk.data is not None:
+                meta = chunk.app_metadata
+                yield chunk.data, (meta if meta is not None and meta.size else None)
+
+    def _read_put(self, chunks: Iterator, cmd, head) -> list:
+        """One group's batches, starting with ``head`` (already read): exactly one per CRC
+        in ``cmd``'s appends, at most ``max_put_bytes`` in all (refused as soon as the
+        stream passes it). Nothing past the group is read: the producer may send the
+        next group only after this one's answer."""
+        where = f"flight produce to {cmd.topic}-{cmd.partition}"
+        batches = []
+        nbytes = 0
+        item = head
+        while len(batches) < cmd.batch_count:
+            if item is None:
+                raise E.InvalidRequestError(f"{where}: {len(batches)} batches for the {cmd.batch_count} "
+                                            f"CRC-32C values in the command")
+            batch, meta = item
+            if batches and meta is not None:
+                raise E.InvalidRequestError(f"{where}: batch {len(batches)} carries metadata inside an append "
+                                            f"of {cmd.batch_count} batches")
             nbytes += batch.nbytes
             if nbytes > self.max_put_bytes:
                 raise E.InvalidRequestError(f"{where}: more than socket.request.max.bytes "
                                             f"({self.max_put_bytes}) in one append")
-            if len(batches) == cmd.batch_count:
-                raise E.InvalidRequestError(f"{where}: more batches than the {cmd.batch_count} "
-                                            f"CRC-32C values in the command")
             if batch.num_rows == 0:
                 raise E.InvalidRequestError(f"{where}: batch {len(batches)} holds no records")
             batches.append(batch)
-        if len(batches) != cmd.batch_count:
-            raise E.InvalidRequestError(f"{where}: {len(batches)} batches for the {cmd.batch_count} "
-                                        f"CRC-32C values in the command")
+            if len(batches) < cmd.batch_count:
+                item = next(chunks, None)
         return batches
 
     # ------------------------------------------------------------ discovery

@@ -199,9 +199,12 @@ class RequestMetrics:
 
 
 #: Flight method -> the ``request=`` label of its RequestMetrics (Kafka has no Flight; our names).
-# A Flight append (DoPut) is Kafka's Produce request: operators watch one Produce family.
+# A DoPut is a producer's open append stream (counted when it ends); each group of
+# appends it carries is Kafka's Produce request, counted by the Flight server itself
+# (BrokerFlightServer.observe_produce): operators watch one Produce family.
 FLIGHT_REQUEST_NAMES = {"DO_GET": "FlightDoGet", "GET_FLIGHT_INFO": "FlightGetFlightInfo",
-                        "GET_SCHEMA": "FlightGetSchema", "LIST_FLIGHTS": "FlightListFlights", "DO_PUT": "Produce"}
+                        "GET_SCHEMA": "FlightGetSchema", "LIST_FLIGHTS": "FlightListFlights",
+                        "DO_PUT": "FlightDoPut"}
 
 
 def flight_middleware_factory(requests: "RequestMetrics"):

@@ -291,7 +291,9 @@ class BrokerServer:
                 wait_timeout_s=self.config.get("request.timeout.ms") / 1000.0,
                 flight_location_of=self._flight_location, partition_offsets=self._partition_offsets,
                 security=self.security, max_put_bytes=self.config.get("socket.request.max.bytes"),
-                wire_limits=WireLimits.from_config(self.config), **options)
+                wire_limits=WireLimits.from_config(self.config),
+                observe_produce=lambda seconds, code: self.request_observer.observe("Produce", seconds, code),
+                **options)
         except Exception as exc:    # pyarrow raises a plain OSError/ArrowException for a port in use
             from replikafka.errors import InvalidConfigError
             raise InvalidConfigError(f"listeners: cannot serve Arrow Flight on {listener} ({exc})") from None

@@ -31,6 +31,7 @@ from replikafka.client.delivery_outcomes import DeliveryOutcomes
 from replikafka.client.flight_reader import FLIGHT_PROTOCOL, FlightReader, flight_keeps_identity
 from replikafka.client.metadata import METADATA_ATTEMPT_S, ClusterMetadata, TopicInfo
 from replikafka.client.partitioner import partition_for_key
+from replikafka.client.put_streams import PutStreams
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.broker.storage.batch_format import body_crc32c
 from replikafka.protocol import flight_produce
@@ -120,7 +121,8 @@ class Producer:
     ``max_request_size`` caps one partition's append in bytes (default: the
     topic's ``max.message.bytes``, else 1 MiB); bigger sends are split.
     ``use_flight`` (``produce.use.flight``): append through the leaders' Arrow Flight
-    listeners (``DoPut``: the batches go as Arrow, no request built), gRPC
+    listeners (``DoPut``: the batches go as Arrow, no request built; one call kept open
+    per partition, :mod:`replikafka.client.put_streams`), gRPC
     ``Produce`` for leaders without one (or with SSL, where Flight cannot see the
     client's certificate).
     ``security``: librdkafka's keys (``security.protocol``, ``ssl.*``, ``sasl.*``),
@@ -153,6 +155,7 @@ class Producer:
         self._pool = ConnectionPool(security=security)
         self._flight = FlightReader(security=self._pool.security) \
             if use_flight and flight_keeps_identity(self._pool.security) else None
+        self._put_streams = PutStreams(wait_s=request_timeout_ms / 1000 + 2.0)
         self._metadata = ClusterMetadata(self._pool, self._bootstrap, request_timeout_ms=request_timeout_ms,
                                          retry_backoff_ms=retry_backoff_ms)
         self._acc = Accumulator(batch_size=batch_size, linger_s=linger_ms / 1000, max_in_flight=max_in_flight,
@@ -276,6 +279,7 @@ class Producer:
                 self._cv.notify_all()
             self._sender.join()
         self._io.shutdown(wait=False)
+        self._put_streams.close()
         if self._flight is not None:
             self._flight.close()
         self._pool.close()
@@ -490,13 +494,12 @@ class Producer:
         return self._produce_grpc(target, batches)
 
     def _produce_flight(self, address: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
-        """One DoPut per partition (:mod:`replikafka.protocol.flight_produce`), its batches
-        as the call's appends in request order: the pieces go as Arrow batches (no IPC
-        stream built here, no copy into a request), each with its body CRC-32C
-        (computed once, kept for retries). All partitions' calls are started before
-        any answer is read (each DoPut is its own stream). The answers become a
+        """Each partition's batches as one group of appends on its open DoPut
+        (:mod:`replikafka.client.put_streams`, :mod:`replikafka.protocol.flight_produce`):
+        the pieces go as Arrow batches (no IPC stream built here, no copy into a
+        request), each with its body CRC-32C (computed once, kept for retries). Every
+        partition's group is written before any answer is read. The answers become a
         ``ProduceResponse`` in request order, as the gRPC path's."""
-        options = self._flight.call_options(self._request_timeout_ms / 1000 + 2.0)
         try:
             client = self._flight.client(address)
         except (fl.FlightError, pa.ArrowException, OSError) as exc:
@@ -507,19 +510,17 @@ class Producer:
         by_partition: dict = {}
         for i, b in enumerate(batches):
             by_partition.setdefault(b.tp, []).append(i)
-        calls = [(idx, self._start_put(client, options, [batches[i] for i in idx])) for idx in by_partition.values()]
+        calls = [(idx, self._start_put(client, address, [batches[i] for i in idx])) for idx in by_partition.values()]
         for idx, call in calls:
+            reused = False
             try:
                 if isinstance(call, Exception):
                     raise call
-                writer, reader = call
-                try:
-                    results = flight_produce.decode_results(reader.read(), len(idx))
-                finally:
-                    writer.close()
+                reused = call.reused
+                results = self._put_streams.answer(call, len(idx))
             except (fl.FlightError, pa.ArrowException, OSError) as exc:
                 err = from_flight_error(exc, address)
-                if isinstance(err, E.BrokerNotAvailableError):
+                if isinstance(err, E.BrokerNotAvailableError) and not reused:
                     self._flight.mark_unreachable(address)  # the retry goes through gRPC
                 results = [err] * len(idx)
             except E.ReplikafkaError as exc:
@@ -533,9 +534,9 @@ class Producer:
                     r.log_start_offset, r.log_append_time_ms = got["log_start_offset"], got["log_append_time_ms"]
         return out
 
-    def _start_put(self, client: fl.FlightClient, options, batches: list[ProducerBatch]):
-        """Start the DoPut of one partition's ``batches`` and write them: (writer,
-        reader), or the error."""
+    def _start_put(self, client: fl.FlightClient, address: str, batches: list[ProducerBatch]):
+        """Write one partition's ``batches`` as a group of appends on its open DoPut: the
+        stream to read the answer from, or the error."""
         try:
             appends, rbs = [], []
             for b in batches:
@@ -548,16 +549,9 @@ class Producer:
             ids = (first.producer_id, first.producer_epoch) if self._idempotent else (-1, -1)
             cmd = ProduceCommand(first.tp[0], first.tp[1], self._acks, self._request_timeout_ms, tuple(appends),
                                  *ids)
-            writer, reader = client.do_put(fl.FlightDescriptor.for_command(cmd.encode()), rbs[0].schema, options)
+            return self._put_streams.append(client, self._flight.call_options, address, cmd, rbs)
         except (fl.FlightError, pa.ArrowException, OSError, E.ReplikafkaError) as exc:
             return exc
-        try:
-            for rb in rbs:
-                writer.write_batch(rb)
-            writer.done_writing()
-        except (fl.FlightError, pa.ArrowException, OSError):
-            pass    # the leader refused early: its answer (the error) is read next
-        return writer, reader
 
     def _produce_grpc(self, target: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
         """Encode each batch once (one IPC stream per partition; kept for retries) and

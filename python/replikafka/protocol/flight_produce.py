@@ -19,9 +19,20 @@ each against the body it stores and refuses the append if one differs, so a
 batch damaged between the producer's memory and the disk is never stored, and
 checking costs no pass over the data beyond the one the log makes.
 
-The answer is one ``PutResult`` whose ``app_metadata`` is JSON, one result per
-append, in order (an append after a failed one is not made and carries the same
-error)::
+The call is a stream a producer keeps open (one per partition it appends to):
+after the command's appends come further groups of appends, each announced by the
+``app_metadata`` of its first batch, compact JSON with the same append objects::
+
+    {"v": 1, "appends": [{"base_sequence": 20240, "batch_crc32c": [2882400001]}]}
+
+and carried by that batch and the ones after it (no metadata on the others). The
+topic, partition, acks, timeout and producer id of the command hold for every group,
+and each group is checked as strictly as the command. A batch with metadata inside
+a group, or one without it where a group must start, refuses the call.
+
+Each group (the command's first) is answered by one ``PutResult`` whose ``app_metadata``
+is JSON, one result per append, in order (an append after a failed one is not made
+and carries the same error), written before the next group is read::
 
     {"results": [{"base_offset": 1200, "record_count": 20000, "log_append_time_ms": -1,
                   "log_start_offset": 0},
@@ -35,7 +46,7 @@ Decoding is strict: unknown or missing keys and wrong types raise
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from replikafka import errors as E
 from replikafka.protocol import flight_ticket
@@ -131,7 +142,11 @@ def decode(data) -> ProduceCommand:
         raise E.InvalidRequestError("flight produce: the descriptor must be a command (JSON bytes)")
     d = flight_ticket.decode_object(raw, _WHERE, _REQUIRED, _OPTIONAL,
                                     "the produce command version this broker reads")
-    appends = d["appends"]
+    return ProduceCommand(d["topic"], d["partition"], d["acks"], d["timeout_ms"], _appends(d["appends"]),
+                          d.get("producer_id", -1), d.get("producer_epoch", -1))
+
+
+def _appends(appends) -> tuple[Append, ...]:
     if not isinstance(appends, list):
         raise _bad("appends", "a list of appends", appends)
     parsed = []
@@ -142,8 +157,23 @@ def decode(data) -> ProduceCommand:
         if not isinstance(crcs, list):
             raise _bad("batch_crc32c", "a list of CRC-32C values", crcs)
         parsed.append(Append(a["base_sequence"], tuple(crcs)))
-    return ProduceCommand(d["topic"], d["partition"], d["acks"], d["timeout_ms"], tuple(parsed),
-                          d.get("producer_id", -1), d.get("producer_epoch", -1))
+    return tuple(parsed)
+
+
+def encode_next_appends(appends: tuple[Append, ...]) -> bytes:
+    """The ``app_metadata`` announcing a further group of appends on an open call."""
+    return json.dumps({"v": VERSION, "appends": [{"base_sequence": a.base_sequence,
+                                                  "batch_crc32c": list(a.batch_crc32c)} for a in appends]},
+                      separators=(",", ":")).encode()
+
+
+def decode_next_appends(command: ProduceCommand, metadata) -> ProduceCommand:
+    """``command`` (the call's) with the appends a group's first batch announces in
+    ``metadata`` (bytes or a pyarrow Buffer), checked as strictly as the command."""
+    raw = metadata.to_pybytes() if hasattr(metadata, "to_pybytes") else metadata
+    d = flight_ticket.decode_object(raw, f"{_WHERE} (a further append's metadata)", ("v", "appends"), (),
+                                    "the produce command version this broker reads")
+    return replace(command, appends=_appends(d["appends"]))
 
 
 RESULT_KEYS = ("base_offset", "record_count", "log_append_time_ms", "log_start_offset")

@@ -9,7 +9,8 @@ import pytest
 
 from replikafka import errors as E
 from replikafka.errors import CorruptRecordError, InvalidRequestError
-from replikafka.protocol.flight_produce import Append, ProduceCommand, decode, decode_results, encode_results
+from replikafka.protocol.flight_produce import (Append, ProduceCommand, decode, decode_next_appends, decode_results,
+                                                encode_next_appends, encode_results)
 
 
 def test_round_trip_idempotent_and_plain():
@@ -20,6 +21,21 @@ def test_round_trip_idempotent_and_plain():
     assert decode(plain.encode()) == plain
     assert json.loads(plain.encode()) == {"v": 1, "topic": "t", "partition": 0, "acks": 1, "timeout_ms": 0,
                                           "appends": [{"base_sequence": -1, "batch_crc32c": [5]}]}
+
+
+def test_a_further_group_keeps_the_calls_header_and_is_checked_as_strictly():
+    c = ProduceCommand("events", 2, -1, 30_000, (Append(120, (1,)),), 7, 0)
+    nxt = decode_next_appends(c, pa.py_buffer(encode_next_appends((Append(121, (2, 3)), Append(123, (4,))))))
+    assert nxt == ProduceCommand("events", 2, -1, 30_000, (Append(121, (2, 3)), Append(123, (4,))), 7, 0)
+    assert nxt.batch_count == 3
+    for meta, named in [(b'{"v":1}', "missing field(s) ['appends']"),
+                        (b'{"v":1,"appends":[],"topic":"x"}', "unknown field(s) ['topic']"),
+                        (b'{"v":1,"appends":[]}', "'appends'"),
+                        (b'{"v":1,"appends":[{"base_sequence":1,"batch_crc32c":[-1]}]}', "'batch_crc32c'"),
+                        (b"\x00", "not UTF-8 JSON")]:
+        with pytest.raises(InvalidRequestError, match="a further append's metadata|'appends'|'batch_crc32c'") as info:
+            decode_next_appends(c, meta)
+        assert named in str(info.value), (meta, info.value)
 
 
 def _raw(**over):
