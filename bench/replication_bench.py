@@ -314,19 +314,26 @@ def latency(root: str) -> list[dict]:
     trip (a Flight no-op), acks=1 to RF=1 (the producer's hand-offs, the RPC, the
     leader's append), acks=all's extra (the followers' fetch round trips, the HW's
     advance, the waiting produce's wake-up), and the consumer's part (the long
-    poll's wake-up on the HW's advance and its DoGet: end to end minus the ack)."""
+    poll's wake-up on the HW's advance and its DoGet: end to end minus the ack); and
+    acks=all sent one at a time, so the wait behind the partition's append in flight
+    (the producer keeps one per partition) shows apart from an append's own round,
+    with the CPU per batch of each process (on 2 shared cores, CPU is what queues)."""
     cluster = LocalCluster(os.path.join(root, "lat"), 3, die_with_parent=True)
     try:
         cluster.start()
         bs = cluster.bootstrap_servers
         admin = replikafka.Admin(bs)
-        admin.create_topic("lat3", partitions=1, replication_factor=3, schema="value BINARY",
-                           config={"min.insync.replicas": "2"})
-        admin.create_topic("lat1", partitions=1, replication_factor=1, schema="value BINARY")
+        # Led by broker 1, followed by 2 and 3: the CPU per role comes out of each series.
+        admin.create_topic("lat3", schema="value BINARY", config={"min.insync.replicas": "2"},
+                           assignment={0: [1, 2, 3]})
+        admin.create_topic("lat1", schema="value BINARY", assignment={0: [1]})
         admin.close()
         rtt = _round_trip_ms(cluster)
         ack1, e2e1 = _latency_series(bs, "lat1", 1, LATENCY_SECONDS)
+        before = _cpu_now(cluster)
         ack3, e2e3 = _latency_series(bs, "lat3", "all", LATENCY_SECONDS)
+        cpu3 = [(b - a) / len(ack3) * 1000 for a, b in zip(before, _cpu_now(cluster))]
+        one3 = _one_at_a_time_ms(bs, "lat3", "all", LATENCY_SECONDS)
     finally:
         cluster.stop()
     p = lambda a, q: float(np.percentile(a, q))
@@ -344,7 +351,8 @@ def latency(root: str) -> list[dict]:
               ("acks=1 RF=1 ack", ack1),
               ("acks=1 RF=1 end to end", e2e1),
               ("acks=all RF=3 ack", ack3),
-              ("acks=all RF=3 end to end", e2e3)]
+              ("acks=all RF=3 end to end", e2e3),
+              ("acks=all RF=3 ack, one send at a time (each waits for the previous ack)", one3)]
     for name, a in stages:
         rows.append(dict(bench="replication", metric=f"latency stage: {name} p50 / p99",
                          value=f"{p(a, 50):.2f} / {p(a, 99):.2f}", unit="ms"))
@@ -352,10 +360,40 @@ def latency(root: str) -> list[dict]:
                  ("producer hand-offs + leader append (acks=1 ack - round trip)", p(ack1, 50) - p(rtt, 50)),
                  ("replication: follower fetches, HW advance, produce wake-up (acks=all ack - acks=1 ack)",
                   p(ack3, 50) - p(ack1, 50)),
-                 ("consumer: long-poll wake-up + DoGet (end to end - ack, acks=all)", p(e2e3, 50) - p(ack3, 50))]
+                 ("consumer: long-poll wake-up + DoGet (end to end - ack, acks=all)", p(e2e3, 50) - p(ack3, 50)),
+                 ("of acks=all's ack, waiting behind the partition's append in flight (ack - one at a time)",
+                  p(ack3, 50) - p(one3, 50))]
     for name, ms in breakdown:
         rows.append(dict(bench="replication", metric=f"latency breakdown p50: {name}", value=ms, unit="ms"))
+    rows.append(dict(bench="replication", metric=f"CPU ms per batch at {LATENCY_BATCHES_PER_S} batches/s acks=all RF=3: "
+                                                f"client (producer + consumer) / leader / follower / follower "
+                                                f"({os.cpu_count()} cores)",
+                     value=" / ".join(f"{v:.2f}" for v in cpu3), unit="ms"))
     return rows
+
+
+def _cpu_now(cluster) -> list[float]:
+    """CPU seconds so far of this process and brokers 1, 2, 3."""
+    return [_own_cpu_s()] + [process_cpu_s(cluster.procs[b].pid) for b in (1, 2, 3)]
+
+
+def _one_at_a_time_ms(bs: str, topic: str, acks, seconds: float) -> np.ndarray:
+    """Send -> ack ms of batches of LATENCY_BATCH_RECORDS sent one at a time (each after
+    the previous one's ack, at most LATENCY_BATCHES_PER_S a second): one append's own
+    round, without the wait behind the partition's append in flight."""
+    out = []
+    with replikafka.Producer(bs, acks=acks, linger_ms=0) as prod:
+        prod.send(topic, [{"value": b"-1:warm"}], partition=0).result(timeout=30)
+        end = time.perf_counter() + seconds
+        i = 0
+        while time.perf_counter() < end:
+            values = pa.array([b"%d:%d" % (i, j) for j in range(LATENCY_BATCH_RECORDS)], pa.binary())
+            t0 = time.perf_counter()
+            prod.send(topic, pa.record_batch([values], names=["value"]), partition=0).result(timeout=30)
+            out.append(time.perf_counter() - t0)
+            i += 1
+            time.sleep(max(0.0, 1.0 / LATENCY_BATCHES_PER_S - (time.perf_counter() - t0)))
+    return np.array(out) * 1000
 
 
 def run() -> list[dict]:
