@@ -57,7 +57,7 @@ def read_partition(opts: SourceOptions, layout: OutputLayout, partition: InputPa
     """The batches of one planned range (nothing for Spark's placeholder partition)."""
     if not isinstance(partition, RangePartition) or partition.start >= partition.end:
         return iter(())
-    client = client or client_for(opts.bootstrap, opts.security)
+    client = client or client_for(opts.bootstrap, opts.security, stream_window_bytes=opts.fetch_max_bytes)
     converter = BatchConverter(layout, partition.topic, partition.partition, partition.timestamp_type)
     stats = stats if stats is not None else ReadStats()
     batches = read_range(ClusterTransport(client), partition.range, columns=layout.fetch_columns,

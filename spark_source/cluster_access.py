@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 from replikafka import errors as E
@@ -35,13 +34,16 @@ _clients: dict[tuple[int, str], "ClusterClient"] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(bootstrap: str, security: tuple[tuple[str, str], ...] = ()) -> "ClusterClient":
-    """This process's client for ``bootstrap`` with these security settings (created on first use)."""
-    key = (os.getpid(), bootstrap, security)
+def client_for(bootstrap: str, security: tuple[tuple[str, str], ...] = (),
+               stream_window_bytes: int | None = None) -> "ClusterClient":
+    """This process's client for ``bootstrap`` with these security settings and range
+    reads' stream window (created on first use)."""
+    key = (os.getpid(), bootstrap, security, stream_window_bytes)
     with _clients_lock:
         c = _clients.get(key)
         if c is None:
-            c = _clients[key] = ClusterClient(bootstrap, security=dict(security))
+            c = _clients[key] = ClusterClient(bootstrap, security=dict(security),
+                                              stream_window_bytes=stream_window_bytes)
         return c
 
 
@@ -49,7 +51,9 @@ class ClusterClient:
     """Thread-safe; every method may block up to about ``REQUEST_TIMEOUT_MS``."""
 
     def __init__(self, bootstrap: str, *, request_timeout_ms: int = REQUEST_TIMEOUT_MS, security=None,
-                 use_flight: bool = True):
+                 use_flight: bool = True, stream_window_bytes: int | None = None):
+        """``stream_window_bytes``: the most a range read's Flight stream receives ahead of
+        the task (``fetchMaxBytes``; :class:`~replikafka.client.flight_reader.FlightReader`)."""
         try:
             self.bootstrap = parse_bootstrap(bootstrap)
         except E.InvalidConfigError as exc:
@@ -58,11 +62,10 @@ class ClusterClient:
         self.pool = ConnectionPool(options=CHANNEL_OPTIONS, security=security)
         self.metadata = ClusterMetadata(self.pool, self.bootstrap, request_timeout_ms=request_timeout_ms,
                                         retry_backoff_ms=RETRY_BACKOFF_MS)
-        # Range reads through the leaders' Arrow Flight listeners (range_fetcher.ClusterTransport);
-        # a read's DoGet runs on flight_io so the next one overlaps the conversion of the last.
-        self.flight = FlightReader(security=self.pool.security) \
+        # Range reads through the leaders' Arrow Flight listeners (range_fetcher.ClusterTransport):
+        # one DoGet streams the rest of a range.
+        self.flight = FlightReader(security=self.pool.security, stream_window_bytes=stream_window_bytes) \
             if use_flight and flight_keeps_identity(self.pool.security) else None
-        self.flight_io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="replikafka-flight")
 
     # ------------------------------------------------------------ topics
     def all_topics(self) -> dict[str, TopicInfo]:
@@ -125,7 +128,6 @@ class ClusterClient:
             pass  # the caller retries and reports its own deadline
 
     def close(self) -> None:
-        self.flight_io.shutdown(wait=False)
         if self.flight is not None:
             self.flight.close()
         self.pool.close()

@@ -1,21 +1,23 @@
 """Executor side: read exactly one planned ``[start, end)`` of one partition.
 
 :func:`read_range` is the loop a Spark task runs. It talks to the cluster only
-through a narrow :class:`Transport` (leader lookup, metadata refresh, an
-asynchronous ``Fetch``, the log start offset), which tests replace with a
-scripted one; :class:`ClusterTransport` is the real one.
+through a narrow :class:`Transport` (leader lookup, metadata refresh, opening a
+stream of the partition from an offset, the log start offset), which tests
+replace with a scripted one; :class:`ClusterTransport` is the real one.
 
 What it guarantees: the records it yields are exactly offsets ``start .. end-1``
 in order, each once — or it raises. In detail:
 
-- Every fetch goes to the partition's current leader with the leader epoch the
+- Every read goes to the partition's current leader with the leader epoch the
   metadata holds (KIP-320). ``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``,
-  an unreachable broker and every other retriable error: refresh metadata,
-  back off, try again.
-- An empty answer means the offset is at or above this leader's high watermark
-  — in [HW, LEO) after a leader change, the new leader has not yet learnt that
-  the data is committed. ``end`` was at or below the HW when the read was
-  planned, so the data exists: wait (the broker long-polls) and ask again.
+  an unreachable broker and every other retriable error, when a stream is opened
+  or in its middle: refresh metadata, back off, open a new stream from the first
+  offset not yet yielded.
+- A stream that ends before ``end`` stopped at this leader's high watermark — in
+  [HW, LEO) after a leader change, the new leader has not yet learnt that the
+  data is committed. ``end`` was at or below the HW when the read was planned, so
+  the data exists: open the stream again (the broker long-polls for the HW when
+  nothing is readable yet) until it is.
 - ``OFFSET_OUT_OF_RANGE`` below the log start offset is data loss (retention):
   an error, or with ``failOnDataLoss=false`` the gone offsets are skipped and
   counted. Any other out-of-range answer (a stale broker) is retried.
@@ -23,19 +25,21 @@ in order, each once — or it raises. In detail:
   ``fetch_timeout_s`` the read fails loudly, naming the partition, the offsets
   still missing and the last error, rather than returning a short range.
 
-The next fetch is sent as soon as an answer arrives, before its batches are
-converted and handed to Spark, so network and conversion overlap.
-
 :class:`ClusterTransport` reads through the leader's Arrow Flight listener when
-it has one (``DoGet``: the stored batches as stored, no long poll, so a wait in
-[HW, LEO) is a short pause and a new ask) and with ``Fetch`` otherwise; both
-answer in the shape of a FetchResponse, so the loop is the same.
+it has one: one ``DoGet`` for the whole rest of the range, the stored batches
+streamed as stored up to ``end`` (the broker bounds its own in-flight bytes, the
+client's receive window bounds what arrives ahead of Spark: ``fetchMaxBytes``),
+so there is no per-fetch round trip and no per-fetch Python work, and network
+and conversion overlap through the stream itself. Without a Flight listener (SSL
+clients, an unreachable listener) :func:`fetch_stream` makes consecutive
+``Fetch`` calls look like the same stream, the next one sent before the last
+one's batches are handed on.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import pyarrow as pa
 
@@ -43,23 +47,41 @@ from replikafka import errors as E
 from replikafka.client.connection import result_of
 from replikafka.client.flight_reader import FLIGHT_PROTOCOL
 from replikafka.protocol import replikafka_pb2 as pb
-from replikafka.protocol.flight_ticket import INT32_MAX, MAX_WAIT_MS, PartitionTicket
+from replikafka.protocol.flight_ticket import MAX_WAIT_MS, PartitionTicket
 from replikafka.protocol.rpc_errors import from_pb
 from replikafka.records import decode_untrusted
 from replikafka.spark.offsets_planning import DataLossError, OffsetRange, TopicPartition
 
-#: How long the broker may hold a fetch for data that is not committed yet.
+#: How long the broker may hold a read for data that is not committed yet.
 FETCH_MAX_WAIT_MS = 500
 RETRY_BACKOFF_S = 0.05
 RETRY_BACKOFF_MAX_S = 1.0
 EMPTY_ANSWER_PAUSE_S = 0.01
 MIN_FETCH_BYTES = 64 * 1024
+#: Added to a call's own deadline (``fetch_timeout_s`` plus the long poll) for the network.
+CALL_TIMEOUT_MARGIN_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAsk:
+    """What a stream is opened for: ``tp`` from ``offset`` up to ``end`` (exclusive) at
+    the leader in ``epoch``, projected to ``columns``; ``max_wait_ms`` is the long poll
+    when nothing is readable yet, ``timeout_s`` bounds the call, ``max_bytes`` each
+    ``Fetch`` answer (the Fetch stream's memory bound)."""
+    tp: TopicPartition
+    offset: int
+    end: int
+    epoch: int
+    columns: tuple[str, ...]
+    max_wait_ms: int
+    timeout_s: float
+    max_bytes: int
 
 
 class Transport(Protocol):
     def leader(self, tp: TopicPartition) -> tuple[str, int] | None: ...
     def refresh(self, topics: list[str]) -> None: ...
-    def fetch_async(self, target: str, request: pb.FetchRequest, timeout_s: float) -> Any: ...
+    def open(self, target: str, ask: StreamAsk) -> Iterable[tuple[pa.RecordBatch, int]]: ...
     def log_start(self, tp: TopicPartition) -> int: ...
 
 
@@ -79,19 +101,16 @@ class ClusterTransport:
     def refresh(self, topics):
         self.client.refresh(topics)
 
-    def fetch_async(self, target, request, timeout_s):
-        fp = request.partitions[0]
-        broker = self.client.metadata.leader_for(fp.topic, fp.partition)
+    def open(self, target, ask):
+        broker = self.client.metadata.leader_for(*ask.tp)
         flight = broker.listener(FLIGHT_PROTOCOL) if broker is not None and broker.target == target else None
         if flight is not None and self.client.flight is not None and self.client.flight.available(flight):
-            ticket = PartitionTicket(fp.topic, fp.partition, fp.fetch_offset,
-                                     max_bytes=min(max(fp.partition_max_bytes, 1), INT32_MAX),
-                                     current_leader_epoch=fp.current_leader_epoch,
-                                     columns=tuple(request.columns) or None,
-                                     max_wait_ms=min(max(request.max_wait_ms, 0), MAX_WAIT_MS))
-            return _FlightCall(self.client.flight_io.submit(self.client.flight.read, flight, ticket, timeout_s),
-                               ticket)
-        return _GrpcCall(self.client.pool.call_async(target, "Fetch", request, timeout_s), target)
+            ticket = PartitionTicket(ask.tp[0], ask.tp[1], ask.offset, end_offset=ask.end,
+                                     current_leader_epoch=ask.epoch, columns=tuple(ask.columns) or None,
+                                     max_wait_ms=min(max(ask.max_wait_ms, 0), MAX_WAIT_MS))
+            return self.client.flight.stream(flight, ticket, ask.timeout_s)
+        return fetch_stream(lambda request: _GrpcCall(self.client.pool.call_async(target, "Fetch", request,
+                                                                                  ask.timeout_s), target), ask)
 
     def log_start(self, tp):
         return self.client.log_start(tp)
@@ -108,68 +127,74 @@ class _GrpcCall:
         self.future.cancel()
 
 
-class _FlightAnswer:
-    """A Flight read in the shape of one FetchResponse partition (``batches`` instead
-    of ``records``). The HW is not sent: -1, as a leader that does not know it yet."""
-
-    def __init__(self, ticket: PartitionTicket, read):
-        self.topic, self.partition = ticket.topic, ticket.partition
-        self.error = pb.Error()
-        self.high_watermark = -1
-        self.batches = read.batches
-        self.record_count = read.record_count
-        self.records_base_offset = read.first_offsets[0] if read.batches else ticket.start_offset
-        self.nbytes = read.nbytes
+def _request(ask: StreamAsk, offset: int, max_bytes: int) -> pb.FetchRequest:
+    return pb.FetchRequest(
+        replica_id=-1, max_wait_ms=ask.max_wait_ms, min_bytes=1, max_bytes=max_bytes,
+        partitions=[pb.FetchPartition(topic=ask.tp[0], partition=ask.tp[1], fetch_offset=offset,
+                                      current_leader_epoch=ask.epoch, partition_max_bytes=max_bytes,
+                                      last_fetched_epoch=-1)],
+        columns=list(ask.columns))
 
 
-class _FlightCall:
-    def __init__(self, future, ticket: PartitionTicket):
-        self.future, self.ticket = future, ticket
+def fetch_stream(send: Callable[[pb.FetchRequest], Any], ask: StreamAsk) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The stream of ``ask`` as consecutive ``Fetch`` calls (``send(request)`` -> a call
+    whose ``result()`` is the FetchResponse): ``(batch, first offset)`` of each answer,
+    fully validated (CorruptRecordError naming the problem otherwise), the next call
+    sent before the last answer's batches are handed on; it ends at the first empty
+    answer (the leader's HW) or at ``end``, and raises an answer's error."""
+    where = f"{ask.tp[0]}-{ask.tp[1]} from offset {ask.offset}"
+    bytes_per_record = 0.0      # learnt from the answers; caps the last fetch near ``end``
 
-    def result(self):
-        answer = _FlightAnswer(self.ticket, self.future.result())
+    def send_from(offset: int):
+        want = ask.max_bytes
+        if bytes_per_record:
+            # Do not make the broker read and send much past the planned end.
+            want = int(min(ask.max_bytes, max(MIN_FETCH_BYTES, (ask.end - offset) * bytes_per_record * 1.1 + 4096)))
+        return send(_request(ask, offset, want))
 
-        class Response:
-            partitions = [answer]
-        return Response
-
-    def cancel(self) -> None:
-        self.future.cancel()
-
-
-def _answer_batches(part, where: str) -> tuple[list, int]:
-    """(batches, bytes) of one answer: Flight's as received, Fetch's decoded in place and
-    fully validated (CorruptRecordError naming the problem otherwise)."""
-    batches = getattr(part, "batches", None)
-    if batches is not None:
-        return batches, part.nbytes
-    records = part.records if part.record_count else b""     # upb copies on every access: once
-    if not records:
-        return [], 0
-    return decode_untrusted(records, where)[1], len(records)
+    pending = send_from(ask.offset)
+    try:
+        while pending is not None:
+            call, pending = pending, None
+            response = call.result()
+            part = next((p for p in response.partitions if p.topic == ask.tp[0] and p.partition == ask.tp[1]), None)
+            if part is None:
+                raise E.ReplikafkaError(f"{where}: the Fetch answer has no entry for the partition")
+            err = from_pb(part.error)
+            if err is not None:
+                raise err
+            records = part.records if part.record_count else b""     # upb copies on every access: once
+            if not records:
+                return
+            batches = decode_untrusted(records, where)[1]
+            base, count = part.records_base_offset, part.record_count
+            if sum(b.num_rows for b in batches) != count:
+                raise E.CorruptRecordError(f"{where}: the broker announced {count} records from {base} but sent "
+                                           f"{sum(b.num_rows for b in batches)}")
+            bytes_per_record = len(records) / count
+            if base + count < ask.end:
+                pending = send_from(base + count)
+            first = base
+            for batch in batches:
+                yield batch, first
+                first += batch.num_rows
+    finally:
+        if pending is not None:
+            pending.cancel()
 
 
 @dataclass
 class ReadStats:
     """What one range read went through (for logs and tests)."""
-    fetches: int = 0
+    fetches: int = 0             # streams opened
     records: int = 0
     bytes: int = 0
     retries: int = 0
     waits: int = 0
     skipped: int = 0
-    wait_s: float = 0.0          # time spent waiting for Fetch answers
+    wait_s: float = 0.0          # time spent waiting for the broker's batches
     leaders: set = field(default_factory=set)
     errors: list = field(default_factory=list)
-
-
-def _request(tp: TopicPartition, offset: int, epoch: int, max_bytes: int, columns, max_wait_ms: int) -> pb.FetchRequest:
-    return pb.FetchRequest(
-        replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
-        partitions=[pb.FetchPartition(topic=tp[0], partition=tp[1], fetch_offset=offset,
-                                      current_leader_epoch=epoch, partition_max_bytes=max_bytes,
-                                      last_fetched_epoch=-1)],
-        columns=list(columns))
 
 
 def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Callable[[pa.RecordBatch, int], Any],
@@ -181,10 +206,10 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
     tp = rng.tp
     pos = rng.start
     end = rng.end
+    columns = tuple(columns)
     deadline = clock() + fetch_timeout_s
     backoff = RETRY_BACKOFF_S
     last: str = ""
-    pending = None          # (offset, call)
 
     def where() -> str:
         return f"{tp[0]}-{tp[1]} range [{rng.start}, {end})"
@@ -203,120 +228,95 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
         sleep(min(backoff, remaining))
         backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
 
-    bytes_per_record = 0.0      # learnt from the answers; caps the last fetch near ``end``
+    def retry(exc: E.ReplikafkaError, why: str, refresh: bool = True) -> None:
+        nonlocal last
+        last = why
+        stats.retries += 1
+        stats.errors.append(exc.code)
+        if refresh:
+            transport.refresh([tp[0]])
+        pause()
 
-    def start_fetch(offset: int):
+    while pos < end:
         leader = transport.leader(tp)
         if leader is None:
-            return None
+            last = "no live leader"
+            stats.retries += 1
+            transport.refresh([tp[0]])
+            pause()
+            continue
         target, epoch = leader
         stats.leaders.add(target)
         stats.fetches += 1
         wait_ms = int(max(0, min(FETCH_MAX_WAIT_MS, (deadline - clock()) * 1000)))
-        timeout_s = max(deadline - clock(), 0.001) + wait_ms / 1000 + 5.0
-        want = max_bytes
-        if bytes_per_record:
-            # Do not make the broker read and send much past the planned end.
-            want = int(min(max_bytes, max(MIN_FETCH_BYTES, (end - offset) * bytes_per_record * 1.1 + 4096)))
-        return offset, transport.fetch_async(target, _request(tp, offset, epoch, want, columns, wait_ms),
-                                             timeout_s)
-
-    try:
-        while pos < end:
-            if pending is None or pending[0] != pos:
-                pending = start_fetch(pos)
-                if pending is None:
-                    last = "no live leader"
-                    stats.retries += 1
-                    transport.refresh([tp[0]])
-                    pause()
-                    continue
-            call = pending[1]
-            pending = None
-            try:
+        ask = StreamAsk(tp, pos, end, epoch, columns, wait_ms,
+                        fetch_timeout_s + wait_ms / 1000 + CALL_TIMEOUT_MARGIN_S, max_bytes)
+        opened_at = pos
+        gap = None                 # the first offset of an answer that skipped records
+        failure = None             # the error that ended the stream (opening it or midway)
+        try:
+            stream = iter(transport.open(target, ask))
+        except E.ReplikafkaError as exc:
+            stream, failure = iter(()), exc
+        try:
+            while pos < end:
                 waited = time.perf_counter()
-                response = call.result()
-                stats.wait_s += time.perf_counter() - waited
-                part = next((p for p in response.partitions if p.topic == tp[0] and p.partition == tp[1]), None)
-                if part is None:
-                    raise E.ReplikafkaError(f"{where()}: the Fetch answer has no entry for the partition")
-                err = from_pb(part.error)
-                if err is not None:
-                    raise err
-            except E.OffsetOutOfRangeError as exc:
-                log_start = _log_start(transport, tp)
-                if log_start is not None and pos < log_start:
-                    gone_to = min(log_start, end)
-                    if fail_on_data_loss:
-                        raise DataLossError(f"{where()}: offsets [{pos}, {gone_to}) were removed by retention "
-                                            f"before they were read (the log now starts at {log_start})") from None
-                    stats.skipped += gone_to - pos
-                    pos = gone_to
-                    deadline = clock() + fetch_timeout_s
-                    continue
-                last = f"{exc} (log start {log_start})"
-                stats.retries += 1
-                stats.errors.append(exc.code)
-                transport.refresh([tp[0]])
-                pause()
-                continue
-            except E.ReplikafkaError as exc:
-                if not exc.retriable:
-                    raise E.error_for_code(exc.code, f"{where()}: {exc.message}") from None
-                last = str(exc)
-                stats.retries += 1
-                stats.errors.append(exc.code)
-                transport.refresh([tp[0]])
-                pause()
-                continue
-            try:  # a batch that is not valid Arrow fails this partition's read, named, never the process
-                batches, nbytes = _answer_batches(part, where())
-            except E.CorruptRecordError as exc:
-                last = str(exc)
-                stats.retries += 1
-                stats.errors.append(exc.code)
-                pause()
-                continue
-            if not batches:
-                # At or above this leader's HW: committed at planning, not readable here yet.
-                stats.waits += 1
-                last = f"offset {pos} is not below the leader's high watermark {part.high_watermark} yet"
-                if part.high_watermark > pos:
-                    pause()         # an empty answer below the HW: odd, back off
-                elif clock() >= deadline:
-                    give_up()
-                else:
-                    sleep(EMPTY_ANSWER_PAUSE_S)   # the broker already held the fetch; do not spin
-                continue
-            stats.bytes += nbytes
-            bytes_per_record = nbytes / part.record_count
-            base = part.records_base_offset
-            if base > pos:
-                raise E.CorruptRecordError(f"{where()}: asked for offset {pos}, the broker answered from {base}")
-            take = min(base + part.record_count, end) - pos
-            next_pos = pos + take
-            if next_pos < end:
-                pending = start_fetch(next_pos)
-            offset = base
-            for batch in batches:
-                n = batch.num_rows
-                lo, hi = max(pos, offset), min(offset + n, end)
-                if hi > lo:
-                    piece = batch if (lo == offset and hi == offset + n) else batch.slice(lo - offset, hi - lo)
-                    stats.records += piece.num_rows
-                    pos = hi
-                    yield convert(piece, lo)
-                offset += n
-                if offset >= end:
+                try:
+                    item = next(stream, None)
+                except E.ReplikafkaError as exc:
+                    failure = exc
                     break
-            if pos != next_pos:
-                raise E.CorruptRecordError(f"{where()}: the broker announced records up to {base + part.record_count}"
-                                           f" but sent only up to {pos}")
-            deadline = clock() + fetch_timeout_s
-            backoff = RETRY_BACKOFF_S
-    finally:
-        if pending is not None and hasattr(pending[1], "cancel"):
-            pending[1].cancel()
+                finally:
+                    stats.wait_s += time.perf_counter() - waited
+                if item is None:
+                    break
+                batch, first = item
+                if first > pos:
+                    gap = first
+                    break
+                n = batch.num_rows
+                hi = min(first + n, end)
+                if hi <= pos:
+                    continue            # wholly before the asked offset (an answer from a batch start)
+                piece = batch if (pos == first and hi == first + n) else batch.slice(pos - first, hi - pos)
+                stats.bytes += batch.nbytes
+                stats.records += piece.num_rows
+                lo, pos = pos, hi
+                deadline = clock() + fetch_timeout_s
+                backoff = RETRY_BACKOFF_S
+                yield convert(piece, lo)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()             # a stream left early cancels its call
+        if gap is not None:
+            raise E.CorruptRecordError(f"{where()}: asked for offset {pos}, the broker answered from {gap}")
+        if isinstance(failure, E.OffsetOutOfRangeError):
+            log_start = _log_start(transport, tp)
+            if log_start is not None and pos < log_start:
+                gone_to = min(log_start, end)
+                if fail_on_data_loss:
+                    raise DataLossError(f"{where()}: offsets [{pos}, {gone_to}) were removed by retention "
+                                        f"before they were read (the log now starts at {log_start})") from None
+                stats.skipped += gone_to - pos
+                pos = gone_to
+                deadline = clock() + fetch_timeout_s
+                continue
+            retry(failure, f"{failure} (log start {log_start})")
+        elif isinstance(failure, E.CorruptRecordError):
+            # A batch that is not valid Arrow fails this partition's read, named, never the process.
+            retry(failure, str(failure), refresh=False)
+        elif failure is not None:
+            if not failure.retriable:
+                raise E.error_for_code(failure.code, f"{where()}: {failure.message}") from None
+            retry(failure, str(failure))
+        elif pos == opened_at and pos < end:
+            # At or above this leader's HW: committed at planning, not readable here yet.
+            stats.waits += 1
+            last = f"offset {pos} is not below the high watermark of the leader {target} yet"
+            if clock() >= deadline:
+                give_up()
+            sleep(EMPTY_ANSWER_PAUSE_S)   # the broker already held the read; do not spin
 
 
 def _log_start(transport: Transport, tp: TopicPartition) -> int | None:

@@ -421,10 +421,34 @@ def test_memory_bound_in_broker_and_client(cluster_factory):
     assert stats["max"] == limit
     assert 0 < stats["peak"] <= limit, stats
     assert stats["in_flight"] == 0, stats
+    # Client side, streaming (Spark's range reads): a stalled stream holds what gRPC received
+    # ahead of its reader, at most its window (measured: 0.13 MB; with gRPC's own growing
+    # window, 3.4 MB, which fails this check).
+    admin.create_topic("bigger", partitions=1, replication_factor=1, schema=SCHEMA)
+    m = _produce(bs, "bigger", 0, [1000] * 400, batch_size=120_000)       # ~30 MB
+    window = 256 << 10
+    streamer = FlightReader(stream_window_bytes=window)
+    assert sum(b.num_rows for b, _ in streamer.stream(where, PartitionTicket("bigger", 0, 0, 1000), 60)) == 1000
+    before = _rss_bytes()
+    stream = streamer.stream(where, PartitionTicket("bigger", 0, 1000, m), 60)
+    first_rows = next(stream)[0].num_rows
+    time.sleep(1.5)                        # the broker sends what the window lets through
+    held = _rss_bytes() - before
+    assert held < window + 4 * 75_000 + (1 << 20), held     # the window, a few batches, allocator slack
+    assert first_rows + sum(b.num_rows for b, _ in stream) == m - 1000
+    streamer.close()
     client.close()
     reader.close()
     cl.close()
     admin.close()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 def test_get_flight_info_list_flights_and_the_readme_example(cluster3):
@@ -474,10 +498,10 @@ def test_range_read_across_a_leader_kill_returns_exactly_the_range(cluster3, col
     n = _produce(bs, "move", 0, [200] * 30, batch_size=24_000)      # ~16 KB stored batches
     cl = Cluster(bs)
     leader, _, _ = cl.leader("move", 0)
-    client = ClusterClient(bs)
+    client = ClusterClient(bs, stream_window_bytes=40_000)     # the kill lands before the range has arrived
     flight_reads = []
-    read = client.flight.read
-    client.flight.read = lambda *a: (flight_reads.append(a[0]), read(*a))[1]
+    stream = client.flight.stream
+    client.flight.stream = lambda *a: (flight_reads.append(a[0]), stream(*a))[1]
     stats = ReadStats()
     got: list[pa.RecordBatch] = []
     firsts: list[int] = []

@@ -12,7 +12,7 @@ from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import to_pb
 from replikafka.records import KAFKA_SCHEMA, TIMESTAMP_TYPE, encode_stream, stored_schema
 from replikafka.spark.offsets_planning import DataLossError, OffsetRange
-from replikafka.spark.range_fetcher import ReadStats, read_range
+from replikafka.spark.range_fetcher import ReadStats, fetch_stream, read_range
 
 TP = ("events", 0)
 SCHEMA = stored_schema(KAFKA_SCHEMA)
@@ -75,6 +75,9 @@ class FakeTransport:
 
     def log_start(self, tp):
         return self.brokers[self.current].log_start
+
+    def open(self, target, ask):
+        return fetch_stream(lambda request: self.fetch_async(target, request, ask.timeout_s), ask)
 
     def fetch_async(self, target, request, timeout_s):
         self.requests.append((target, request.partitions[0].fetch_offset, request.partitions[0].current_leader_epoch,
@@ -263,3 +266,115 @@ def test_empty_range_fetches_nothing():
     t = FakeTransport(10)
     assert collect(t, 5, 5, clock) == ([], [])
     assert t.requests == []
+
+
+class StreamTransport(FakeTransport):
+    """Flight-like: ``open`` streams the rest of the range in one go (batches of
+    ``per_fetch`` records up to the leader's HW); the script's entry for a stream is
+    None (serve), an exception raised at once, or ``(k, exception)``: raised after
+    ``k`` batches, mid-stream, as a leader killed mid-read does."""
+
+    def __init__(self, n, per_fetch=100, clock=None):
+        super().__init__(n, per_fetch, clock)
+        self.opened = []            # (target, offset, end, epoch, columns, max_wait_ms)
+        self.closed = 0
+
+    def open(self, target, ask):
+        self.opened.append((target, ask.offset, ask.end, ask.epoch, ask.columns, ask.max_wait_ms))
+        action = self.script.pop(0) if self.script else None
+        return self._stream(target, ask, action)
+
+    def _stream(self, target, ask, action):
+        try:
+            if self.on_fetch:
+                self.on_fetch(self)
+            if isinstance(action, Exception):
+                raise action
+            after, failure = action if isinstance(action, tuple) else (None, None)
+            if target != self.current:
+                raise E.NotLeaderOrFollowerError(f"{target} does not lead")
+            b = self.brokers[target]
+            if ask.offset < b.log_start or ask.offset > self.leo:
+                raise E.OffsetOutOfRangeError(f"{ask.offset} outside [{b.log_start}, {self.leo}]")
+            off, stop, sent = ask.offset, min(b.hw, ask.end), 0
+            while off < stop:
+                if after is not None and sent == after:
+                    raise failure
+                k = min(self.per_fetch, stop - off)
+                yield self._batch(self.values[off:off + k]), off
+                off += k
+                sent += 1
+        finally:
+            self.closed += 1
+
+
+def test_one_stream_reads_the_whole_range():
+    clock = Clock()
+    t = StreamTransport(1000, per_fetch=77)
+    stats = ReadStats()
+    offsets, values = collect(t, 120, 860, clock, stats=stats)
+    assert offsets == list(range(120, 860)) and values == [b"v%d" % i for i in range(120, 860)]
+    assert t.opened == [("b1", 120, 860, 3, ("value", "timestamp"), 500)] and stats.fetches == 1
+    assert t.closed == 1 and clock.t == 0.0
+
+
+def test_a_stream_failing_midway_resumes_exactly_at_the_new_leader():
+    clock = Clock()
+    t = StreamTransport(1000, per_fetch=100)
+    t.brokers["b2"] = Broker("b2", hw=1000)
+    t.script = [(4, E.BrokerNotAvailableError("killed mid-stream"))]
+    t.after_refresh = ("b2", 4)
+    stats = ReadStats()
+    offsets, values = collect(t, 50, 950, clock, stats=stats)
+    assert offsets == list(range(50, 950)) and values == [b"v%d" % i for i in range(50, 950)]
+    assert [o[:4] for o in t.opened] == [("b1", 50, 950, 3), ("b2", 450, 950, 4)]
+    assert stats.retries == 1 and stats.leaders == {"b1", "b2"} and t.closed == 2
+
+
+def test_a_stream_ending_at_the_leaders_hw_is_opened_again_until_the_range_is_read():
+    clock = Clock()
+    t = StreamTransport(1000, per_fetch=100)
+    t.brokers["b1"].hw = 330                     # committed at planning; this leader's HW lags behind
+    polls = {"n": 0}
+
+    def catch_up(tr):
+        polls["n"] += 1
+        if polls["n"] == 4:
+            tr.brokers["b1"].hw = 1000
+    t.on_fetch = catch_up
+    stats = ReadStats()
+    offsets, _ = collect(t, 0, 1000, clock, stats=stats)
+    assert offsets == list(range(1000))
+    assert [o[1] for o in t.opened] == [0, 330, 330, 330] and stats.waits == 2
+
+
+def test_a_stream_that_stalls_at_the_hw_fails_loudly_after_the_timeout():
+    clock = Clock()
+    t = StreamTransport(1000, per_fetch=100)
+    t.brokers["b1"].hw = 400
+    with pytest.raises(E.KafkaTimeoutError, match=r"offset 400 \(600 planned records still unread\)"):
+        collect(t, 0, 1000, clock, timeout_s=20)
+    assert 20 <= clock.t < 25
+
+
+def test_a_stream_left_early_is_closed():
+    clock = Clock()
+    t = StreamTransport(1000, per_fetch=100)
+    gen = read_range(t, OffsetRange("events", 0, 0, 1000), columns=("value",), convert=lambda b, f: f,
+                     fetch_timeout_s=5, fail_on_data_loss=True, max_bytes=1 << 20, clock=clock, sleep=clock.sleep)
+    assert next(gen) == 0 and t.closed == 0
+    gen.close()
+    assert t.closed == 1
+
+
+def test_a_stream_skipping_offsets_is_refused():
+    clock = Clock()
+    t = StreamTransport(300, per_fetch=100)
+    real = t._stream
+
+    def skipping(target, ask, action):
+        for batch, first in real(target, ask, action):
+            yield batch, (first + 1 if first >= 100 else first)
+    t._stream = skipping
+    with pytest.raises(E.CorruptRecordError, match="asked for offset 100, the broker answered from 101"):
+        collect(t, 0, 300, clock)
