@@ -5,7 +5,7 @@ The limit: the same Spark Python Data Source API, the same planned ranges and
 the same Arrow -> Spark conversion (:class:`replikafka.spark.arrow_convert.BatchConverter`),
 reading the same records straight from local Arrow IPC files (memory-mapped)
 instead of fetching them from the brokers. The ratio replikafka / local files
-is the share of that limit the network path keeps (goal: >= 0.8). Spark's own
+is the share of that limit the network path keeps (goal: >= 0.9, issue 12). Spark's own
 Parquet reader over the same records is printed as context: it skips the
 Python worker altogether.
 
