@@ -285,6 +285,8 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
                 deadline = clock() + fetch_timeout_s
                 backoff = RETRY_BACKOFF_S
                 yield convert(piece, lo)
+            if pos >= end and gap is None and failure is None:
+                _drain(stream)      # let the stream end as the broker ends it (at ``end``), not cancelled
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
@@ -317,6 +319,15 @@ def read_range(transport: Transport, rng: OffsetRange, *, columns, convert: Call
             if clock() >= deadline:
                 give_up()
             sleep(EMPTY_ANSWER_PAUSE_S)   # the broker already held the read; do not spin
+
+
+def _drain(stream: Iterator) -> None:
+    """Read the end of a stream whose range is complete (the broker ends it right after
+    the last batch; anything else it says is moot, and closing it cancels the rest)."""
+    try:
+        next(stream, None)
+    except E.ReplikafkaError:
+        pass
 
 
 def _log_start(transport: Transport, tp: TopicPartition) -> int | None:

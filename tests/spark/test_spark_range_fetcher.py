@@ -278,6 +278,7 @@ class StreamTransport(FakeTransport):
         super().__init__(n, per_fetch, clock)
         self.opened = []            # (target, offset, end, epoch, columns, max_wait_ms)
         self.closed = 0
+        self.ended = 0
 
     def open(self, target, ask):
         self.opened.append((target, ask.offset, ask.end, ask.epoch, ask.columns, ask.max_wait_ms))
@@ -304,6 +305,7 @@ class StreamTransport(FakeTransport):
                 yield self._batch(self.values[off:off + k]), off
                 off += k
                 sent += 1
+            self.ended += 1         # read to its end, not cancelled
         finally:
             self.closed += 1
 
@@ -315,7 +317,7 @@ def test_one_stream_reads_the_whole_range():
     offsets, values = collect(t, 120, 860, clock, stats=stats)
     assert offsets == list(range(120, 860)) and values == [b"v%d" % i for i in range(120, 860)]
     assert t.opened == [("b1", 120, 860, 3, ("value", "timestamp"), 500)] and stats.fetches == 1
-    assert t.closed == 1 and clock.t == 0.0
+    assert t.closed == t.ended == 1 and clock.t == 0.0      # the finished stream ended, not cancelled
 
 
 def test_a_stream_failing_midway_resumes_exactly_at_the_new_leader():
