@@ -108,7 +108,6 @@ class StoredReadResult:
     batches: list              # list[StoredBatch]
     end_offset: int            # the requested range ends here (exclusive): the last batch may go past it
     size_bytes: int            # stored size of the batches
-    last_ref: tuple | None = None   # (segment, StoredBatchRef) of the last batch (its header, on demand)
 
 
 @dataclass(frozen=True, slots=True)
@@ -716,25 +715,23 @@ class Log:
         out: list[StoredBatch] = []
         size = 0
         offset = start
-        last = None
         for seg in self._segments_from(view, start):
             if offset >= end:
                 break
             try:
                 for ref in seg.batches_from(offset, end, verify_crc=True):  # readers never get a rotten batch
                     if out and size + ref.size > max_bytes:
-                        return StoredReadResult(out, min(offset, end), size, last)
+                        return StoredReadResult(out, min(offset, end), size)
                     out.append(StoredBatch(ref.base_offset, ref.record_count, ref.batch, seg.message(ref)))
                     size += ref.size
                     offset = ref.base_offset + ref.record_count
-                    last = (seg, ref)
             except CorruptRecordError:
                 if not out:
                     raise
                 # The sound batches before the damaged one go out; the read that starts at
                 # the damaged one fails, naming it (as a Kafka consumer stops at a bad CRC).
-                return StoredReadResult(out, min(offset, end), size, last)
-        return StoredReadResult(out, min(offset, end) if out else start, size, last)
+                return StoredReadResult(out, min(offset, end), size)
+        return StoredReadResult(out, min(offset, end) if out else start, size)
 
     def read_raw(self, start_offset: int, max_bytes: int) -> RawReadResult:
         """Whole stored batch messages from the one containing `start_offset`, as an
@@ -743,10 +740,11 @@ class Log:
         stored = self.read_stored(start_offset, max_bytes)
         if not stored.batches:
             return RawReadResult(b"", start_offset, 0, -1)
-        seg, ref = stored.last_ref
+        # The last batch's epoch from the epoch cache (built from the same headers),
+        # not by parsing its header again: that parse was a third of a follower fetch.
         return RawReadResult(b"".join([self._schema_msg, *(b.message for b in stored.batches)]),
                              stored.batches[0].base_offset, sum(b.record_count for b in stored.batches),
-                             seg.read_header(ref).leader_epoch)
+                             self._epoch_cache.epoch_for_offset(stored.batches[-1].base_offset))
 
     @property
     def schema_message(self) -> bytes:

@@ -164,6 +164,11 @@ class LogSegment:
         self._map_lock = threading.Lock()
         self._retired = False                 # deleted or replaced by a truncated copy
         self._verified = VerifiedSpans()      # batch positions whose CRC was checked (module doc)
+        # (base offset, position) of the last batch appended: a read at or after it (a
+        # follower or consumer at the log's end, the common case) starts there instead
+        # of framing forward from the sparse offset index's entry. Set after the append
+        # is committed; every batch before it holds offsets below its base.
+        self._last_append: tuple[int, int] | None = None
 
     # ---- creation and loading --------------------------------------------------
     @classmethod
@@ -346,6 +351,7 @@ class LogSegment:
         self.size = size
         self.next_offset = next_offset
         self.sealed = sealed
+        self._last_append = None
         self._bytes_since_index_entry = since_entry
         self.offset_index.reset(offset_entries)
         self.time_index.reset(time_entries)
@@ -407,6 +413,7 @@ class LogSegment:
         self._bytes_since_index_entry += message.size
         self.next_offset = header.next_offset
         self.size = pos + message.size
+        self._last_append = (header.base_offset, pos)
         return header
 
     def _undo_torn_append(self, committed_size: int) -> None:
@@ -468,6 +475,9 @@ class LogSegment:
         end_offset = self.next_offset if end_offset is None else end_offset
         entry = self.offset_index.lookup(offset)
         base, pos = entry if entry else (self.base_offset, self.schema_size)
+        tail = self._last_append     # read after `limit`: a batch past it is past the limit too
+        if tail is not None and base < tail[0] <= offset:
+            base, pos = tail
         if pos >= limit:
             return
         verified = self._verified

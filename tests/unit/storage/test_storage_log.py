@@ -216,6 +216,30 @@ def test_read_raw_starts_at_the_batch_holding_the_offset(tmp_path):
     assert (empty.data, empty.record_count, empty.first_offset) == (b"", 0, 20)
 
 
+def test_reads_at_the_log_end_start_at_the_last_appended_batch_and_stay_exact(tmp_path):
+    """A read at or after the last appended batch starts there (not by framing forward
+    from the sparse index), and returns exactly the batch holding the offset, across
+    appends, a truncation and a reopen; the last batch's epoch comes from the epoch cache."""
+    log = open_log(tmp_path / "t-0", LogConfig(index_interval_bytes=1 << 20))   # one index entry: none
+    fill(log, 3, epoch=1)                                                      # [0, 15) in 5s
+    log.append([make_batch(15, 5)], leader_epoch=4)
+
+    def starts(offset):
+        raw = log.read_raw(offset, 1)
+        return raw.first_offset, raw.record_count, raw.last_epoch
+
+    assert [starts(o) for o in (0, 4, 5, 14, 15, 17, 19)] == \
+        [(0, 5, 1), (0, 5, 1), (5, 5, 1), (10, 5, 1), (15, 5, 4), (15, 5, 4), (15, 5, 4)]
+    assert [b.base_offset for b in log.read_stored(12, 10**6).batches] == [10, 15]
+    log.truncate_to(12)
+    assert starts(11) == (10, 2, 1) and log.log_end_offset == 12
+    log.append([make_batch(12, 3)], leader_epoch=5)
+    assert [starts(o) for o in (11, 12, 14)] == [(10, 2, 1), (12, 3, 5), (12, 3, 5)]
+    log.close()
+    log = open_log(tmp_path / "t-0", LogConfig(index_interval_bytes=1 << 20))
+    assert [starts(o) for o in (3, 11, 13)] == [(0, 5, 1), (10, 2, 1), (12, 3, 5)]
+
+
 def test_append_raw_validates_before_writing(tmp_path):
     leader = open_log(tmp_path / "a" / "t-0")
     fill(leader, 3, epoch=1)
