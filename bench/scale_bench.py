@@ -46,6 +46,9 @@ ISR_WAIT_S = float(os.environ.get("REPLIKAFKA_BENCH_ISR_WAIT_S", "600"))
 #: Between two metadata reads of the whole topic while waiting (s): each answer costs a
 #: broker seconds at 50,000 partitions, and polling faster slowed what it waited for.
 POLL_S = 2.0
+#: Where the brokers' logs are copied when the run ends (unset: not kept): the controller's
+#: and brokers' log lines give each failover's phases.
+LOGS_DIR = os.environ.get("REPLIKAFKA_BENCH_LOGS_DIR", "")
 _CHANNEL_OPTS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
 
 
@@ -134,17 +137,26 @@ def _write_all(cluster: LocalCluster, admin, partitions: list[int]) -> None:
     deadline = time.time() + 900
     while todo and time.time() < deadline:
         leaders: dict[int, list[int]] = {}
+        t = time.time()
         for p in admin.describe_topic(TOPIC).partitions:
             if p.partition in todo:
                 leaders.setdefault(p.leader, []).append(p.partition)
+        took = [f"metadata {time.time() - t:.2f}s"]
         for leader, parts in leaders.items():
             if leader < 0 or not cluster.alive(leader):
                 continue
+            t = time.time()
             stub = pbg.ReplikafkaStub(grpc.insecure_channel(cluster.address(leader), options=_CHANNEL_OPTS))
             resp = stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
                 pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload, records_crc32c=crc)
                 for p in parts]), timeout=300)
             todo -= {r.partition for r in resp.partitions if not r.error.code}
+            codes: dict[int, int] = {}
+            for r in resp.partitions:
+                codes[r.error.code] = codes.get(r.error.code, 0) + 1
+            took.append(f"produce to {leader}: {len(parts)} partitions in {time.time() - t:.2f}s, codes {codes}")
+        # Where the time goes (the write phase's rounds), on stderr with the figures.
+        print(f"scale: write round: {'; '.join(took)}; {len(todo)} left", file=sys.stderr, flush=True)
         if todo:
             time.sleep(0.1)
     if todo:
@@ -248,9 +260,16 @@ def run() -> list[dict]:
                          f"broker {b} to handle the failover's LeaderAndIsr")[0] for b in survivors]
         _poll(lambda: not any(p.leader == victim for p in admin.describe_topic(TOPIC).partitions), 600,
               "new leaders in the metadata")
+        print(f"scale: new leaders in the metadata {time.time() - noticed:.2f}s after the controller noticed",
+              file=sys.stderr, flush=True)
         _write_all(cluster, admin, led)
         all_written = time.time()
         row(f"failover of {len(led)} partitions: noticed -> all new leaders", max(handled) - noticed, "s")
+        decided = _wait(lambda: _first_line(cluster, controller, r"partition states written and sent in", noticed),
+                        600, "the controller's failover line")
+        leaders_sent = re.search(r"new leaders in ([0-9.]+)s", decided[1])
+        if leaders_sent:   # the controller's part: new leaders written and their LeaderAndIsr queued
+            row("failover: controller noticed -> new leaders written and sent", float(leaders_sent.group(1)), "s")
         row(f"failover of {len(led)} partitions: noticed -> all accept writes", all_written - noticed, "s")
         serving = _restart(cluster, victim, n)
         row(f"restart after SIGKILL -> serving {n} replicas", serving, "s", empty_start)
@@ -265,9 +284,17 @@ def run() -> list[dict]:
                                    if l), None), 120, "a new controller")
         row(f"controller failover, {n} partitions: load + resend",
             float(re.search(r"in ([0-9.]+)s", line[1]).group(1)), "s")
+        after = re.search(r"then (\d+) ISRs without failed brokers written and sent in ([0-9.]+)s", line[1])
+        if after:   # the dead controller's broker leaves the ISRs once the full state went out
+            row(f"controller failover: then {after.group(1)} ISRs without the failed broker", float(after.group(2)),
+                "s")
         admin.close()
     finally:
         cluster.stop()
+        if LOGS_DIR:
+            os.makedirs(LOGS_DIR, exist_ok=True)
+            for b in cluster.ids:
+                shutil.copy(cluster.log_path(b), LOGS_DIR)
         shutil.rmtree(root, ignore_errors=True)
     return rows
 

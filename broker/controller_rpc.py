@@ -27,19 +27,25 @@ def partition_state_pb(s: M.PartitionRole) -> pb.PartitionState:
 
 class StateMemo:
     """Partition states already encoded, by identity: the controller sends the same
-    ``PartitionRole`` objects in an UpdateMetadata and in the LeaderAndIsrs after it,
-    and at 50,000 partitions encoding each once, then copying it, is a good part of a
-    failover. Holds what :meth:`reset` last cleared to, at most ``limit`` entries."""
+    ``PartitionRole`` objects in an UpdateMetadata and in the LeaderAndIsrs after it
+    (or, for a failed broker's new leaders, in LeaderAndIsrs and the UpdateMetadata
+    after them), and at 50,000 partitions encoding each once, then copying it, is a
+    good part of a failover. Holds what was encoded since the last :meth:`reset` and
+    the generation before it (the LeaderAndIsrs an UpdateMetadata follows), at most
+    ``limit`` entries each."""
 
     def __init__(self, limit: int = 1_000_000):
         self.limit = limit
         self.encoded: dict[int, tuple[M.PartitionRole, pb.PartitionState]] = {}
+        self.previous: dict[int, tuple[M.PartitionRole, pb.PartitionState]] = {}
 
     def reset(self) -> None:
-        self.encoded = {}
+        self.previous, self.encoded = self.encoded, {}
 
     def get(self, s: M.PartitionRole) -> pb.PartitionState:
         hit = self.encoded.get(id(s))
+        if hit is None:
+            hit = self.previous.get(id(s))
         if hit is not None and hit[0] is s:
             return hit[1]
         out = partition_state_pb(s)

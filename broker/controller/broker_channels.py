@@ -147,4 +147,4 @@ class ControllerChannelManager:
                 ch.close()
             self.channels.clear()
             self._last_encoded = None
-            self._states.reset()
+            self._states = controller_rpc.StateMemo()

@@ -123,6 +123,12 @@ def on_brokers_changed(assignments: dict[str, dict[int, list[int]]],
     return out
 
 
+def moves_leadership(current: LeaderAndIsr, new: LeaderAndIsr) -> bool:
+    """Whether a decided state gives the partition a new leader or leader epoch (its
+    replicas must change roles: clients wait on it), not only a smaller ISR."""
+    return new.leader != current.leader or new.leader_epoch != current.leader_epoch
+
+
 def preferred_leader_election(replicas: list[int], current: LeaderAndIsr, live: set[int],
                               controller_epoch: int) -> LeaderAndIsr | None:
     preferred = replicas[0]

@@ -70,3 +70,33 @@ def test_topic_config_changes_write_notifications_that_are_listed_and_purged(kaz
     assert store.purge_config_changes(60_000, now) == 0          # young: kept
     assert store.purge_config_changes(60_000, now + 120_000) == 2  # old: gone
     assert store.config_changes() == []
+
+
+def test_guarded_state_writes_in_multis_fenced_by_the_controller_epoch(kazoo_client):
+    """The controller's state writes (zk_store.state_multi_async: kazoo's multi request,
+    serialized in one pass) through a chroot: every chunk is checked against the
+    controller epoch's znode version; a state whose version moved is reported, the
+    rest of its chunk written again; a moved epoch fences the whole write."""
+    import json
+
+    from replikafka.broker import zk_store as Z
+
+    store = ZkStore(kazoo_client)
+    store.ensure_paths()
+    epoch, epoch_version = store.increment_controller_epoch()
+    states = {("g", p): LeaderAndIsr(1, 0, (1, 2, 3), epoch) for p in range(2500)}
+    store.create_partition_states(states)
+    store.update_partition_state("g", 1500, LeaderAndIsr(1, 0, (1, 2), epoch), 0)   # a leader's own ISR write
+    new = {tp: (LeaderAndIsr(2, 1, (2, 3), epoch), 0) for tp in states}
+    ok, failed = Z.guarded_state_writes(kazoo_client, epoch_version, new)
+    assert failed == [("g", 1500)] and set(ok) == set(states) - {("g", 1500)} and set(ok.values()) == {1}
+    got = store.get_partition_states(list(states))
+    assert got[("g", 1500)] == (LeaderAndIsr(1, 0, (1, 2), epoch), 1)
+    assert all(got[tp] == (LeaderAndIsr(2, 1, (2, 3), epoch), 1) for tp in ok)
+    data, _ = kazoo_client.get(Z.state_path("g", 0))      # the JSON json.dumps writes, byte for byte
+    assert data == json.dumps({"version": 1, "leader": 2, "leader_epoch": 1, "controller_epoch": epoch,
+                               "isr": [2, 3]}).encode()
+    store.increment_controller_epoch()                     # another controller took over
+    with pytest.raises(Z.ControllerMovedError):
+        Z.guarded_state_writes(kazoo_client, epoch_version, {("g", 0): (LeaderAndIsr(3, 2, (3,), epoch), 1)})
+    assert store.get_partition_state("g", 0) == (LeaderAndIsr(2, 1, (2, 3), epoch), 1)

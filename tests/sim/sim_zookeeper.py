@@ -6,7 +6,8 @@ shared tree with ZooKeeper's semantics where they matter to us:
 * ephemeral nodes owned by a session, removed when the session expires;
 * sequential nodes; ``multi`` (all or nothing, with ZooKeeper's per-op results:
   ops before the failing one RolledBackError, the failing one its own error, ops
-  after it RuntimeInconsistency); ``multiRead`` (``zk_store._MultiRead``);
+  after it RuntimeInconsistency), built with ``transaction()`` or sent as kazoo's
+  request (``zk_store.state_multi_async``); ``multiRead`` (``zk_store._MultiRead``);
 * one-shot data, exists and child watches, fired in the order of the changes;
 * sessions that expire: the client's listeners hear LOST, every call raises
   SessionExpiredError until :meth:`SimKazooClient.reconnect` opens a new session
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from kazoo.exceptions import (BadVersionError, ConnectionLoss, NoNodeError, NodeExistsError, NotEmptyError,
                               RolledBackError, RuntimeInconsistency, SessionExpiredError)
+from kazoo.protocol.serialization import CheckVersion, SetData, Transaction
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent, ZnodeStat
 
 
@@ -354,7 +356,19 @@ class SimKazooClient:
         return _Transaction(self)
 
     def _call(self, request, async_object):
-        """Only ``zk_store._MultiRead`` comes this way."""
+        """``zk_store._MultiRead``, and kazoo's multi request (``Transaction``) of checks and
+        sets that ``zk_store.state_multi_async`` builds, come this way."""
+        if isinstance(request, Transaction):
+            tx = _Transaction(self)
+            for op in request.operations:
+                if isinstance(op, CheckVersion):
+                    tx.check(op.path, op.version)
+                elif isinstance(op, SetData):
+                    tx.set_data(op.path, op.data, op.version)
+                else:
+                    raise NotImplementedError(f"{type(op).__name__} in a multi sent through _call")
+            async_object.set(tx.commit())
+            return True
         zk = self._server()
         out = []
         for path in request.paths:

@@ -107,6 +107,9 @@ def test_failover_sends_the_full_metadata_then_each_broker_its_roles(cluster):
 
 
 def test_a_broker_failure_moves_its_leaderships_and_tells_the_survivors(cluster):
+    """Leaders first (Kafka's onBrokerFailure): the partition 3 led gets its new leader,
+    written and sent to its replicas (LeaderAndIsr, then metadata), before 3 leaves the
+    ISR of the partition whose leader lives (metadata, then LeaderAndIsr, as before)."""
     cluster.channels.take()
     cluster.server.expire(cluster.zks[3].session_id)      # broker 3 dies
     cluster.run()
@@ -114,12 +117,44 @@ def test_a_broker_failure_moves_its_leaderships_and_tells_the_survivors(cluster)
     t1 = role(("t", 1), 1, [1, 2], [1, 2, 3], leader_epoch=0, zk_version=1)   # 3 only leaves the ISR
     live = (cluster.endpoint(1), cluster.endpoint(2))
     topics = {"t": M.TopicInfo(SCHEMA, {"topic.id": "x"}, "x", 2)}
-    metadata = M.UpdateMetadataRequest(1, 1, (t0, t1), live, topics)
-    assert sorted(cluster.channels.take(), key=lambda s: (type(s[1]).__name__, s[0])) == [
-        (1, M.LeaderAndIsrRequest(1, 1, cluster.epochs[1], (t0, t1), topics, live)),
-        (2, M.LeaderAndIsrRequest(1, 1, cluster.epochs[2], (t0, t1), topics, live)),
-        (1, metadata), (2, metadata)]
+    assert cluster.channels.take() == [
+        (1, M.LeaderAndIsrRequest(1, 1, cluster.epochs[1], (t0,), topics, live)),
+        (2, M.LeaderAndIsrRequest(1, 1, cluster.epochs[2], (t0,), topics, live)),
+        (1, M.UpdateMetadataRequest(1, 1, (t0,), live, topics)),
+        (2, M.UpdateMetadataRequest(1, 1, (t0,), live, topics)),
+        (1, M.UpdateMetadataRequest(1, 1, (t1,), live, topics)),
+        (2, M.UpdateMetadataRequest(1, 1, (t1,), live, topics)),
+        (1, M.LeaderAndIsrRequest(1, 1, cluster.epochs[1], (t1,), topics, live)),
+        (2, M.LeaderAndIsrRequest(1, 1, cluster.epochs[2], (t1,), topics, live))]
     assert cluster.channels.live == {1: ("h1", 9001), 2: ("h2", 9002)}
+
+
+def test_a_new_controller_sends_the_full_state_then_takes_the_dead_broker_out_of_isrs(cluster):
+    """The controller's broker dies; broker 2's controller takes over. The partition 1
+    led gets its new leader before anything is sent; the full state goes out as read
+    otherwise (t-0's ISR still names 1); then 1 leaves that ISR (metadata, then
+    LeaderAndIsr): not every state rewritten before the full state goes out."""
+    cluster.server.expire(cluster.zks[1].session_id)
+    new = C.Controller(2, Z.ZkStore(cluster.zks[2]), clock=lambda: 0.0)
+    channels = new.channels = RecordingChannels()
+    new.enqueue(V.Elect())
+    while new.do_work():
+        pass
+    assert new.active and new.ctx.epoch == 2
+    t0_read = role(("t", 0), 3, [3, 1, 2], [3, 1, 2])
+    t0 = role(("t", 0), 3, [3, 2], [3, 1, 2], zk_version=1, controller_epoch=2)   # 1 only leaves the ISR
+    t1 = role(("t", 1), 2, [2, 3], [1, 2, 3], leader_epoch=1, zk_version=1, controller_epoch=2)  # 1 led
+    live = (cluster.endpoint(2), cluster.endpoint(3))
+    topics = {"t": M.TopicInfo(SCHEMA, {"topic.id": "x"}, "x", 2)}
+    full = M.UpdateMetadataRequest(2, 2, (t0_read, t1), live, topics, full=True)
+    assert channels.take() == [
+        (2, full), (3, full),
+        (3, M.LeaderAndIsrRequest(2, 2, cluster.epochs[3], (t0_read, t1), topics, live)),
+        (2, M.LeaderAndIsrRequest(2, 2, cluster.epochs[2], (t0_read, t1), topics, live)),
+        (2, M.UpdateMetadataRequest(2, 2, (t0,), live, topics)),
+        (3, M.UpdateMetadataRequest(2, 2, (t0,), live, topics)),
+        (3, M.LeaderAndIsrRequest(2, 2, cluster.epochs[3], (t0,), topics, live)),
+        (2, M.LeaderAndIsrRequest(2, 2, cluster.epochs[2], (t0,), topics, live))]
 
 
 def test_controlled_shutdown_moves_leaders_away_then_stops_the_broker_replicas(cluster):
@@ -238,4 +273,13 @@ def test_the_channel_manager_encodes_a_broadcast_once_and_answers_in_plain_data(
     manager.send(1, lai)
     assert manager._states.encoded[id(r)][0] is r
     assert manager.channels[1].got[-1] == ("LeaderAndIsr", controller_rpc.leader_and_isr_pb(lai))
+    # a failed broker's new leaders go out first: the UpdateMetadata after their
+    # LeaderAndIsr reuses the states it encoded (the memo keeps one generation back)
+    moved = M.PartitionRole("t", 2, 1, 5, (1,), (1, 3), 8, 3)
+    manager.send(1, M.LeaderAndIsrRequest(5, 3, 9, (moved,)))
+    first = manager.channels[1].got[-1][1].partitions[0]
+    manager.send(1, M.UpdateMetadataRequest(5, 3, (moved,)))
+    assert manager._states.previous[id(moved)][1] == first
+    assert manager.channels[1].got[-1] == ("UpdateMetadata", controller_rpc.update_metadata_pb(
+        M.UpdateMetadataRequest(5, 3, (moved,))))
     manager.channels = {}
