@@ -284,10 +284,6 @@ def run() -> list[dict]:
                                    if l), None), 120, "a new controller")
         row(f"controller failover, {n} partitions: load + resend",
             float(re.search(r"in ([0-9.]+)s", line[1]).group(1)), "s")
-        after = re.search(r"then (\d+) ISRs without failed brokers written and sent in ([0-9.]+)s", line[1])
-        if after:   # the dead controller's broker leaves the ISRs once the full state went out
-            row(f"controller failover: then {after.group(1)} ISRs without the failed broker", float(after.group(2)),
-                "s")
         admin.close()
     finally:
         cluster.stop()
