@@ -51,6 +51,10 @@ from replikafka.protocol.rpc_errors import from_pb, from_rpc_error
 log = logging.getLogger("replikafka.broker")
 TOPIC_ID_KEY = "topic.id"
 GRPC_MESSAGE_BYTES_MAX = 256 << 20
+#: The longest a stopping broker waits for its open Arrow Flight calls to end (s): a
+#: producer keeps a DoPut open between sends (and any client may hold one open), and
+#: pyarrow's shutdown waits for every call; past this the stop goes on without them.
+FLIGHT_SHUTDOWN_WAIT_S = 2.0
 # A config change notification older than this (ms) has been applied by every live
 # broker (they apply within a watch round trip) and is deleted: Kafka's 15 minutes.
 CONFIG_CHANGE_EXPIRY_MS = 15 * 60 * 1000
@@ -126,6 +130,7 @@ class BrokerServer:
         self.session_back = threading.Event()
         self.http = None   # the metrics.listener HTTP server (broker/http_server.py)
         self.broker_epoch = -1     # czxid of our registration, once registered (KIP-380)
+        self.flight_calls_left = False   # set by stop(): Flight calls outlived FLIGHT_SHUTDOWN_WAIT_S
 
     # ------------------------------------------------------------ start
     def start(self) -> None:
@@ -459,7 +464,7 @@ class BrokerServer:
         self.controller.stop()
         self.replica_manager.shutdown()
         if self.flight_server is not None:
-            self.flight_server.shutdown()
+            self._shutdown_flight()
         for server in self.grpc_servers:
             server.stop(grace=1.0).wait(5)
         if self.http is not None:
@@ -475,6 +480,20 @@ class BrokerServer:
             self.zk.close()
         except Exception:
             pass
+
+    def _shutdown_flight(self) -> None:
+        """Stop the Flight listener, waiting at most FLIGHT_SHUTDOWN_WAIT_S for its open
+        calls. A call still open after that stores nothing: every partition was stopped
+        (``replica_manager.shutdown``), so an append on it is refused as NOT_LEADER and
+        its producer retries at the new leader. ``flight_calls_left`` tells ``run_broker``
+        to exit without waiting for them again (pyarrow's shutdown cannot be cut short)."""
+        t = threading.Thread(target=self.flight_server.shutdown, name="flight-shutdown", daemon=True)
+        t.start()
+        t.join(FLIGHT_SHUTDOWN_WAIT_S)
+        self.flight_calls_left = t.is_alive()
+        if self.flight_calls_left:
+            log.info("broker %d: Arrow Flight calls still open after %.1fs (clients keep DoPuts open between "
+                     "sends); stopping without them", self.broker_id, FLIGHT_SHUTDOWN_WAIT_S)
 
     def controlled_shutdown(self) -> bool:
         """Ask the controller to move our leaderships away and take us out of ISRs
@@ -535,6 +554,13 @@ def run_broker(config: BrokerConfig) -> int:
     while not done.wait(1.0):
         pass
     server.stop()
+    if server.flight_calls_left:
+        # The logs are closed and the clean-shutdown marker written; only the open
+        # Flight calls' threads remain, and an interpreter exit would wait on them.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

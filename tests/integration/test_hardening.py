@@ -191,3 +191,41 @@ def test_a_bad_directory_name_is_moved_aside_and_the_broker_starts(cluster_facto
     wait_until(lambda: [t.name for t in stub(cluster, 1).Metadata(pb.MetadataRequest(all_topics=True),
                                                                   timeout=30).topics] == ["t"],
                what="the topic in the restarted broker's metadata")
+
+
+def test_open_flight_calls_do_not_hold_a_broker_stop(cluster_factory):
+    """A producer keeps its DoPut open between sends, and any client may open one and
+    never send: neither holds a SIGTERM (pyarrow's shutdown waits for every open call;
+    the broker waits FLIGHT_SHUTDOWN_WAIT_S). The stop is clean (exit 0, not the kill
+    after the stop's timeout; the next start loads its logs from the clean-shutdown
+    state) and the acknowledged records are kept."""
+    import pyarrow.flight as fl
+    from replikafka.client.connection import ConnectionPool, parse_bootstrap
+    from replikafka.client.metadata import ClusterMetadata
+    from replikafka.protocol.flight_produce import Append, ProduceCommand
+
+    cluster = cluster_factory(1)
+    bs = cluster.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("held", partitions=1, replication_factor=1, schema="value BINARY")
+    admin.close()
+    prod = replikafka.Producer(bs, acks="all")
+    for i in range(3):    # its call to the leader stays open after each answer
+        prod.send("held", [{"value": b"kept-%d" % i}], partition=0).result(timeout=30)
+    pool = ConnectionPool()
+    meta = ClusterMetadata(pool, parse_bootstrap(bs), request_timeout_ms=10_000, retry_backoff_ms=100)
+    meta.refresh(all_topics=True)
+    silent = fl.connect(f"grpc+tcp://{meta.broker(1).listener('FLIGHT')}")
+    pool.close()
+    cmd = ProduceCommand("held", 0, -1, 10_000, (Append(0, (1,)),))
+    writer, _reader = silent.do_put(fl.FlightDescriptor.for_command(cmd.encode()),
+                                    pa.schema([("value", pa.binary())]))   # and never writes a batch
+    try:
+        assert cluster.stop_broker(1, timeout_s=20) == 0
+        cluster.start_broker(1)
+        assert "clean shutdown" in cluster.tail(1, 200)
+        got = read_committed(bs, "held", 1)
+        assert sorted(got.values()) == [b"kept-0", b"kept-1", b"kept-2"]
+    finally:
+        prod.close()
+        silent.close()
