@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -95,18 +96,62 @@ class TopicInfo:
     stored_schema: pa.Schema
     schema: pa.Schema
     config: dict[str, str]
-    partitions: dict[int, PartitionInfo] = field(default_factory=dict)
+    partitions: Mapping[int, PartitionInfo] = field(default_factory=dict)
     error: E.ReplikafkaError | None = None
+
+
+class ListedPartitions(Mapping):
+    """A topic's partitions (partition -> :class:`PartitionInfo`, iterated in
+    partition order) read from its Metadata answer, each decoded on first use: a
+    refresh of a 50,000-partition topic makes no Python object per partition
+    until that partition is looked at (a producer after a failover looks at the
+    few it sends to). Thread-safe: the answer is never changed; two threads
+    decoding the same partition store equal values."""
+
+    __slots__ = ("_topic", "_listed", "_ids", "_place", "_decoded")
+
+    def __init__(self, topic: str, listed):
+        self._topic = topic
+        self._listed = listed       # the answer's repeated PartitionMetadata
+        ids = [p.partition for p in listed]
+        self._ids = sorted(ids)
+        # Brokers list 0..n-1 in order; anything else is looked up by its place.
+        self._place = None if ids == list(range(len(ids))) else {p: i for i, p in enumerate(ids)}
+        self._decoded: dict[int, PartitionInfo] = {}
+
+    def __getitem__(self, partition: int) -> PartitionInfo:
+        info = self._decoded.get(partition)
+        if info is None:
+            if self._place is None:
+                if not (isinstance(partition, int) and 0 <= partition < len(self._ids)):
+                    raise KeyError(partition)
+                p = self._listed[partition]
+            else:
+                p = self._listed[self._place[partition]]
+            info = PartitionInfo(self._topic, p.partition, p.leader, p.leader_epoch,
+                                 tuple(p.replicas), tuple(p.isr), from_pb(p.error))
+            self._decoded[partition] = info
+        return info
+
+    def __contains__(self, partition) -> bool:
+        if self._place is None:
+            return isinstance(partition, int) and 0 <= partition < len(self._ids)
+        return partition in self._place
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __repr__(self) -> str:
+        return f"ListedPartitions({self._topic!r}, {len(self._ids)} partitions)"
 
 
 def topic_info_from_pb(t: pb.TopicMetadata) -> TopicInfo:
     stored = schema_from_bytes(t.schema) if t.schema else stored_schema(KAFKA_SCHEMA)
-    parts = {
-        p.partition: PartitionInfo(t.name, p.partition, p.leader, p.leader_epoch,
-                                   tuple(p.replicas), tuple(p.isr), from_pb(p.error))
-        for p in sorted(t.partitions, key=lambda p: p.partition)
-    }
-    return TopicInfo(t.name, stored, topic_schema_of(stored), dict(t.config), parts, from_pb(t.error))
+    return TopicInfo(t.name, stored, topic_schema_of(stored), dict(t.config),
+                     ListedPartitions(t.name, t.partitions), from_pb(t.error))
 
 
 class ClusterMetadata:
