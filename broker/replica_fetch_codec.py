@@ -9,12 +9,13 @@ follower), so its response skips protobuf for the record data::
     records_size bytes    for each partition, in header order: its stored batches,
                           verbatim (an Arrow IPC stream, as ``Log.read_raw`` returns)
 
-On the leader the batches are copied twice: ``Log.read_raw`` joins the stored
-messages into one ``bytes`` (out of the segment files' maps, which a truncation
-or a retention deletion may close while gRPC still sends the answer), and
-:func:`encode` joins header and batches into the response. The follower slices
-the batches out of the received bytes without copying (``pyarrow.Buffer``
-slices). The request is a plain ``FetchRequest``. Pure functions, thread-safe.
+On the leader the batches are copied once in Python: ``Log.read_raw`` hands them
+over as zero-copy slices of the segment files' mappings (``StoredBytes``: a
+mapping outlives a truncation or deletion while a slice of it lives), and
+:func:`encode` joins header and batches into the response (gRPC's own copy into
+its send buffer follows). The follower slices the batches out of the received
+bytes without copying (``pyarrow.Buffer`` slices). The request is a plain
+``FetchRequest``. Pure functions, thread-safe.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import struct
 
 import pyarrow as pa
 
+from replikafka.broker.storage.log import StoredBytes
 from replikafka.protocol import replikafka_pb2 as pb
 
 SERVICE = "replikafka.ReplicaData"
@@ -30,11 +32,18 @@ PATH = f"/{SERVICE}/{METHOD}"
 _LEN = struct.Struct("<I")
 
 
-def encode(response_and_batches: tuple[pb.FetchResponse, list[bytes]]) -> bytes:
-    """(header with ``records_size`` per partition, the partitions' batches in order) -> wire bytes."""
+def encode(response_and_batches: tuple[pb.FetchResponse, list]) -> bytes:
+    """(header with ``records_size`` per partition, the partitions' batches in order:
+    each bytes-like or a ``StoredBytes``) -> wire bytes, in one join."""
     response, batches = response_and_batches
     header = response.SerializeToString()
-    return b"".join([_LEN.pack(len(header)), header, *batches])
+    pieces = [_LEN.pack(len(header)), header]
+    for b in batches:
+        if isinstance(b, StoredBytes):
+            pieces.extend(b.pieces)
+        else:
+            pieces.append(b)
+    return b"".join(pieces)
 
 
 class FollowerFetchPartition:

@@ -426,7 +426,7 @@ class ReplicaManager:
                         read = part.read_for_debugging(fp.fetch_offset, max_bytes, fp.current_leader_epoch)
                     raw = read.data
                     if raw is not None and raw.record_count:
-                        r.records, size = raw.data, len(raw.data)
+                        r.records, size = raw.stored, raw.stored.size   # zero-copy pieces, joined once on the wire
                         r.records_base_offset, r.record_count = raw.first_offset, raw.record_count
                 else:
                     if columns is not None:

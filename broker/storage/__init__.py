@@ -10,7 +10,7 @@ from .checkpoints import (LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT
 from .clock import ManualClock, SystemClock
 from .leader_epoch_cache import (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET, EpochEntry,
                                  LeaderEpochFileCache)
-from .log import (AppendInfo, ClippedBatch, Log, LogReadResult, RawReadResult, StoredBatch, StoredReadResult,
+from .log import (AppendInfo, ClippedBatch, Log, LogReadResult, RawReadResult, StoredBatch, StoredBytes, StoredReadResult,
                   clip_stored, validate_schema)
 from .log_config import LogConfig
 from .log_manager import CLEAN_SHUTDOWN_FILE, LogManager
@@ -23,7 +23,7 @@ __all__ = [
     "EpochEntry", "LOG_START_OFFSET_CHECKPOINT", "LeaderEpochFileCache", "Log", "LogConfig",
     "LogManager", "LogReadResult", "LogSegment", "ManualClock", "OffsetCheckpointFile",
     "OffsetIndex", "RECOVERY_POINT_CHECKPOINT", "REPLICATION_OFFSET_CHECKPOINT", "RawReadResult",
-    "ClippedBatch", "StoredBatch", "StoredReadResult", "clip_stored",
+    "ClippedBatch", "StoredBatch", "StoredBytes", "StoredReadResult", "clip_stored",
     "SystemClock", "TimeIndex", "UNDEFINED_EPOCH", "UNDEFINED_EPOCH_OFFSET", "decode_batch",
     "encode_batch", "validate_schema",
 ]

@@ -81,14 +81,43 @@ class LogReadResult:
     size_bytes: int            # stored size of the batches the slices come from
 
 
+class StoredBytes:
+    """An IPC stream held as zero-copy pieces: the schema message, then stored batch
+    messages as slices of the segments' mappings (a mapping stays valid while a slice
+    of it lives, even after a truncation or deletion: data files never shrink in
+    place). What a follower fetch sends: the wire answer joins the pieces once
+    (`replica_fetch_codec.encode`), with no join of its own here. `bytes()` joins
+    them (a consumer's protobuf answer, tests, the in-process simulation). Immutable."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: Sequence = ()):
+        self.pieces = tuple(pieces)
+        self.size = sum(len(p) for p in self.pieces)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+    def __repr__(self) -> str:
+        return f"StoredBytes({len(self.pieces)} pieces, {self.size} bytes)"
+
+
 @dataclass(frozen=True, slots=True)
 class RawReadResult:
     """Stored batches read by `Log.read_raw`, for a follower's `append_raw`."""
 
-    data: bytes                # IPC stream: schema message + whole stored batch messages; b"" if none
+    stored: StoredBytes        # IPC stream: schema message + whole stored batch messages; empty if none
     first_offset: int          # base offset of the first batch (may be below the requested offset)
     record_count: int
     last_epoch: int            # leader epoch of the last batch, -1 if none
+
+    @property
+    def data(self) -> bytes:
+        """The stream as one `bytes` (a copy: the fetch path sends `stored` as is)."""
+        return bytes(self.stored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,13 +554,17 @@ class Log:
                    for b in out]
         return out
 
-    def append_raw(self, data: bytes | pa.Buffer) -> AppendInfo:
-        """Follower append of an IPC stream produced by `read_raw` on the leader.
+    def append_raw(self, data: bytes | pa.Buffer | StoredBytes) -> AppendInfo:
+        """Follower append of an IPC stream produced by `read_raw` on the leader
+        (over the wire a `pa.Buffer`; in-process, as the simulation passes it, the
+        leader's `StoredBytes`, joined here).
 
         Every batch is validated (framing, CRC, Arrow, contiguous offsets) before
         anything is written; the first must start at this log's end offset. The
         messages are appended verbatim and the epoch cache follows their epochs.
         """
+        if isinstance(data, StoredBytes):
+            data = bytes(data)
         buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
         decoded = self._validate_raw(buf)
         with self._lock:
@@ -739,10 +772,11 @@ class Log:
         At the log end: data b"" and record_count 0."""
         stored = self.read_stored(start_offset, max_bytes)
         if not stored.batches:
-            return RawReadResult(b"", start_offset, 0, -1)
+            return RawReadResult(StoredBytes(), start_offset, 0, -1)
         # The last batch's epoch from the epoch cache (built from the same headers),
         # not by parsing its header again: that parse was a third of a follower fetch.
-        return RawReadResult(b"".join([self._schema_msg, *(b.message for b in stored.batches)]),
+        # No join: the pieces go to the wire as they are (`StoredBytes`).
+        return RawReadResult(StoredBytes([self._schema_msg, *(b.message for b in stored.batches)]),
                              stored.batches[0].base_offset, sum(b.record_count for b in stored.batches),
                              self._epoch_cache.epoch_for_offset(stored.batches[-1].base_offset))
 

@@ -51,8 +51,10 @@ def fetch(rm, replica_id: int, offset: int, replica_epoch: int | None = None):
     return result
 
 
-def stored_batches(records: bytes) -> list[tuple[int, int]]:
-    """(base offset, count) of the stored batch messages after the schema message."""
+def stored_batches(records) -> list[tuple[int, int]]:
+    """(base offset, count) of the stored batch messages after the schema message
+    (``records``: the replica read's ``StoredBytes``)."""
+    records = bytes(records)
     _schema, pos = bf.read_schema_message(records, len(records))
     out = []
     while pos < len(records):

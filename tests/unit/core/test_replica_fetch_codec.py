@@ -1,7 +1,10 @@
 """The follower fetch wire format: protobuf header, then each partition's batches."""
 import pytest
 
+import pyarrow as pa
+
 from replikafka.broker import replica_fetch_codec as C
+from replikafka.broker.storage.log import StoredBytes
 from replikafka.protocol import replikafka_pb2 as pb
 
 
@@ -20,6 +23,16 @@ def test_round_trip_slices_each_partitions_batches_without_copying():
         [(0, 10, b"abc"), (1, 11, None), (2, 12, b"defgh")]
     assert got.partitions[0].error.code == ""
     assert got.partitions[2].records.address - got.partitions[0].records.address == 3   # one buffer
+
+
+def test_stored_pieces_are_sent_in_order_as_one_partitions_batches():
+    """A leader's read hands over its pieces (schema message, then stored messages as
+    slices of the segment mapping) unjoined: the answer joins them once, in order."""
+    mapped = pa.py_buffer(b"..SCHEMA|batch1|batch2..")
+    stored = StoredBytes([mapped.slice(2, 7), mapped.slice(9, 7), mapped.slice(16, 6)])
+    assert len(stored) == 20 and bytes(stored) == b"SCHEMA|batch1|batch2"
+    got = C.decode(C.encode((response(20, 3), [stored, b"xyz"])))
+    assert [p.records.to_pybytes() for p in got.partitions] == [b"SCHEMA|batch1|batch2", b"xyz"]
 
 
 @pytest.mark.parametrize("wire, named", [
