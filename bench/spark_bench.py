@@ -9,6 +9,12 @@ is the share of that limit the network path keeps (goal: >= 0.9, issue 12). Spar
 Parquet reader over the same records is printed as context: it skips the
 Python worker altogether.
 
+A third reader takes the same ranges over Arrow Flight from a plain
+``pyarrow.flight`` server holding the same batches in memory (a child process,
+like the brokers): the ceiling of any Flight-based source on this machine, so
+replikafka's ratio to it is the share of that ceiling our read path keeps, and
+its ratio to the files is what the transport itself costs.
+
 A second pair reads with ``columns=value,offset`` (the projection done by the
 broker; the file baseline projects the same columns). Every reader runs the
 same query, which must touch every value byte:
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -100,6 +107,65 @@ class _LocalFilesReader(DataSourceReader):
             offset += batch.num_rows
             if offset >= partition.end:
                 break
+
+
+# ---------------------------------------------------------------- the transport's ceiling
+class MemoryFlightSource(LocalArrowFilesSource):
+    """The same ranges, read over Arrow Flight from a plain ``pyarrow.flight`` server
+    (:func:`serve_memory`, a child process like a broker) that holds the same batches in
+    memory: no log, no HW, no checks. What any Flight-based source could reach on this
+    machine; replikafka's ratio to it is the share of that ceiling our read path keeps."""
+
+    @classmethod
+    def name(cls):
+        return "replikafka_bench_memory_flight"
+
+    def reader(self, schema):
+        return _MemoryFlightReader(self.options["dir"], self.options["topic"], int(self.options["splits"]),
+                                   self._columns(), self.options["location"])
+
+
+class _MemoryFlightReader(_LocalFilesReader):
+    def __init__(self, directory: str, topic: str, splits: int, columns, location: str):
+        super().__init__(directory, topic, splits, columns)
+        self.location = location
+
+    def read(self, partition):
+        import pyarrow.flight as fl
+        from replikafka.client.flight_reader import FLIGHT_CLIENT_GENERIC_OPTIONS, window_options
+        from replikafka.spark.arrow_convert import BatchConverter
+        from replikafka.spark.options import DEFAULT_FETCH_MAX_BYTES
+        conv = BatchConverter(self.layout, partition.topic, partition.partition, 0)
+        # The Spark reader's own gRPC options: 16 MiB frames, the fetchMaxBytes receive window.
+        client = fl.FlightClient(self.location, generic_options=FLIGHT_CLIENT_GENERIC_OPTIONS
+                                 + window_options(DEFAULT_FETCH_MAX_BYTES))
+        ticket = f"{partition.partition}:{partition.start}:{partition.end}:{','.join(self.layout.fetch_columns)}"
+        offset = partition.start
+        for chunk in client.do_get(fl.Ticket(ticket.encode())):
+            yield conv.convert(chunk.data, offset)
+            offset += chunk.data.num_rows
+        client.close()
+
+
+def serve_memory(directory: str) -> None:
+    """``python -m bench.spark_bench serve-memory DIR``: serve ``DIR/<p>.arrow``, read into
+    memory, over plain pyarrow.flight; prints the port. A ticket "p:start:end:columns"
+    streams those rows of partition p, only those columns, as the file's batches."""
+    import pyarrow.flight as fl
+    tables = {}
+    for name in os.listdir(directory):
+        with pa.OSFile(os.path.join(directory, name)) as f:      # read, not mapped: held in memory
+            tables[int(name.split(".")[0])] = ipc.open_file(f).read_all()
+
+    class Server(fl.FlightServerBase):
+        def do_get(self, context, ticket):
+            p, start, end, columns = ticket.ticket.decode().split(":")
+            table = tables[int(p)].slice(int(start), int(end) - int(start)).select(columns.split(","))
+            return fl.RecordBatchStream(table)
+
+    server = Server("grpc://127.0.0.1:0")
+    print(server.port, flush=True)
+    server.serve()
 
 
 # ---------------------------------------------------------------- data
@@ -195,6 +261,7 @@ def run() -> list[dict]:
     from replikafka.local_cluster import LocalCluster
     cluster = LocalCluster(os.path.join(workdir, "cluster"), 3, die_with_parent=True)
     spark = None
+    memory_server = None
     try:
         cluster.start()
         files = os.path.join(workdir, "files")
@@ -203,10 +270,14 @@ def run() -> list[dict]:
         data_bytes = _prepare(cluster.bootstrap_servers, files)
         print(f"bench spark: produced {RECORDS:,} records ({data_bytes / 1e6:,.0f} MB) in "
               f"{time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        memory_server = subprocess.Popen([sys.executable, "-m", "bench.spark_bench", "serve-memory", files],
+                                         cwd=root, stdout=subprocess.PIPE, text=True)
+        location = f"grpc://127.0.0.1:{int(memory_server.stdout.readline())}"
         from replikafka.spark import local_session
         spark = local_session("replikafka-bench", "local[2]", {"spark.sql.shuffle.partitions": "2"})
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(LocalArrowFilesSource)
+        spark.dataSource.register(MemoryFlightSource)
         bs = cluster.bootstrap_servers
         parquet_dir = os.path.join(workdir, "parquet")
         (spark.read.format("replikafka_bench_local_files").option("dir", files).option("topic", TOPIC)
@@ -222,21 +293,32 @@ def run() -> list[dict]:
                  .option("splits", str(SPLITS)))
             return (r.option("columns", columns) if columns else r).load()
 
+        def memory_flight(columns=None):
+            r = (spark.read.format("replikafka_bench_memory_flight").option("dir", files).option("topic", TOPIC)
+                 .option("splits", str(SPLITS)).option("location", location))
+            return (r.option("columns", columns) if columns else r).load()
+
         timed = _time_queries({
             "replikafka": replikafka, "files": local_files,
             "replikafka_projected": lambda: replikafka("value,offset"),
             "files_projected": lambda: local_files("value,offset"),
+            "memory_flight": memory_flight, "memory_flight_projected": lambda: memory_flight("value,offset"),
             "parquet": lambda: spark.read.parquet(parquet_dir)})
         replikafka_s, r1, replikafka_cpu = timed["replikafka"]
         files_s, r2, files_cpu = timed["files"]
         parquet_s, r3, _ = timed["parquet"]
         projected_s, r4, projected_cpu = timed["replikafka_projected"]
         projected_files_s, r5, projected_files_cpu = timed["files_projected"]
+        memory_s, r6, memory_cpu = timed["memory_flight"]
+        projected_memory_s, r7, projected_memory_cpu = timed["memory_flight_projected"]
         n = (RECORDS // PARTITIONS) * PARTITIONS
-        if not (r1 == r2 == r3 == r4 == r5 and r1[0] == n):
+        if not (r1 == r2 == r3 == r4 == r5 == r6 == r7 and r1[0] == n):
             raise AssertionError(f"the readers disagree: replikafka {r1}, local files {r2}, parquet {r3}, "
-                                 f"projected {r4}, projected files {r5}")
+                                 f"projected {r4}, projected files {r5}, memory flight {r6}, projected {r7}")
     finally:
+        if memory_server is not None:
+            memory_server.kill()
+            memory_server.wait()
         if spark is not None:
             spark.stop()
         cluster.stop()
@@ -257,6 +339,20 @@ def run() -> list[dict]:
         {"bench": "spark", "metric": "the same, columns=value,offset",
          "value": projected_cpu, "unit": "s", "baseline": projected_files_cpu,
          "ratio": projected_files_cpu / projected_cpu},
+        {"bench": "spark", "metric": "batch read, same API over plain pyarrow.flight serving the same batches from "
+                                     "memory (any Flight source's ceiling here), baseline local files",
+         "value": n / memory_s, "unit": "records/s", "baseline": n / files_s, "ratio": files_s / memory_s},
+        {"bench": "spark", "metric": "the same, columns=value,offset", "value": n / projected_memory_s,
+         "unit": "records/s", "baseline": n / projected_files_s, "ratio": projected_files_s / projected_memory_s},
+        {"bench": "spark", "metric": "batch read, replikafka vs that ceiling (plain pyarrow.flight from memory)",
+         "value": n / replikafka_s, "unit": "records/s", "baseline": n / memory_s, "ratio": memory_s / replikafka_s},
+        {"bench": "spark", "metric": "the same, columns=value,offset", "value": n / projected_s,
+         "unit": "records/s", "baseline": n / projected_memory_s, "ratio": projected_memory_s / projected_s},
+        {"bench": "spark", "metric": "batch read CPU s per scan, all processes: plain pyarrow.flight from memory, "
+                                     "vs local files", "value": memory_cpu, "unit": "s", "baseline": files_cpu,
+         "ratio": files_cpu / memory_cpu},
+        {"bench": "spark", "metric": "the same, columns=value,offset", "value": projected_memory_cpu, "unit": "s",
+         "baseline": projected_files_cpu, "ratio": projected_files_cpu / projected_memory_cpu},
         {"bench": "spark", "metric": "batch read, Spark Parquet (context)", "value": n / parquet_s,
          "unit": "records/s", "baseline": n / replikafka_s, "ratio": replikafka_s / parquet_s},
         {"bench": "spark", "metric": "records read per scan", "value": n, "unit": "records"},
@@ -264,5 +360,8 @@ def run() -> list[dict]:
 
 
 if __name__ == "__main__":
-    from bench import print_table
-    print_table(run())
+    if sys.argv[1:2] == ["serve-memory"]:
+        serve_memory(sys.argv[2])
+    else:
+        from bench import print_table
+        print_table(run())
