@@ -506,6 +506,9 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
     _k("controller.socket.timeout.ms", INT, 30000, "ms",
        "Timeout of the controller's RPCs to brokers.", Range(1, INT_MAX)),
     _k("num.io.threads", INT, 8, "threads", "Threads serving requests.", Range(1, INT_MAX)),
+    _k("malloc.trim.threshold.bytes", INT, 64 << 20, "bytes",
+       "Freed memory each glibc malloc arena keeps for reuse instead of returning it to the kernel (fetch-sized "
+       "buffers are then not faulted in again; broker/malloc_tuning.py); 0 = glibc's defaults.", Range(0, INT_MAX)),
     _k("flight.max.bytes.in.flight", INT, 64 << 20, "bytes",
        "Stored bytes all Arrow Flight reads of this broker hold at once, handed to gRPC and not yet written "
        "(a read waits for room; one batch larger than this goes alone).", Range(1, INT_MAX)),

@@ -27,6 +27,7 @@ from replikafka.broker.admin_manager import AdminManager
 from replikafka.broker.config import BrokerConfig, Endpoint, log_config_for_topic
 from replikafka.broker.controller.controller import Controller
 from replikafka.broker.http_server import start_http
+from replikafka.broker.malloc_tuning import keep_freed_memory
 from replikafka.broker.flight_security import flight_server_options
 from replikafka.broker.flight_server import BrokerFlightServer
 from replikafka.broker.metadata_cache import MetadataCache
@@ -536,6 +537,7 @@ class BrokerServer:
 
 
 def run_broker(config: BrokerConfig) -> int:
+    keep_freed_memory(config.get("malloc.trim.threshold.bytes"))
     server = BrokerServer(config)
     done = threading.Event()
 
