@@ -551,3 +551,37 @@ def test_a_producer_appends_through_one_open_call_per_partition(cluster3):
     got = _fetch_read(bs, "streams", 0, 0, 9)
     assert got.column("value").to_pylist() == [b"value-%08d" % r + b"x" * (r % 50) for r in range(9)]
     admin.close()
+
+
+def test_a_request_to_many_partitions_goes_as_one_produce_and_kept_calls_stay_bounded(cluster3, monkeypatch):
+    """Every DoPut of a request is open at once (each holds a thread on the leader): calls
+    opened past the limit while the others were busy are closed once answered, and a
+    request naming more than REQUEST_PARTITIONS_MAX partitions goes as one gRPC Produce
+    (after a failover a producer opened 2,800 calls at once for 3,000 partitions)."""
+    from replikafka.client import producer as producer_module
+    bs = cluster3.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("wide", partitions=12, replication_factor=3, schema=SCHEMA,
+                       config={"min.insync.replicas": "2"})
+    p = replikafka.Producer(bs, acks="all", linger_ms=500)
+    p._put_streams.max_streams = 3
+    try:
+        for rnd in range(2):
+            futures = [p.send("wide", _batch(10 * rnd, 1), partition=q) for q in range(12)]   # one drain
+            p.flush(60)
+            assert [f.result().base_offset for f in futures] == [rnd] * 12
+            assert len(p._put_streams._streams) <= 3
+        monkeypatch.setattr(producer_module, "REQUEST_PARTITIONS_MAX", 2)
+        opened = []
+        real_append = p._put_streams.append
+        monkeypatch.setattr(p._put_streams, "append", lambda *a: opened.append(a[3].partition) or real_append(*a))
+        futures = [p.send("wide", _batch(20, 1), partition=q) for q in range(12)]
+        p.flush(60)
+        assert [f.result().base_offset for f in futures] == [2] * 12
+        assert opened == []   # 4 partitions a leader: one Produce call each
+    finally:
+        p.close()
+    for q in (0, 11):
+        got = _fetch_read(bs, "wide", q, 0, 3)
+        assert got.column("value").to_pylist() == [b"value-%08d" % r + b"x" * (r % 50) for r in (0, 10, 20)]
+    admin.close()

@@ -31,7 +31,7 @@ from replikafka.client.delivery_outcomes import DeliveryOutcomes
 from replikafka.client.flight_reader import FLIGHT_PROTOCOL, FlightReader, flight_keeps_identity
 from replikafka.client.metadata import METADATA_ATTEMPT_S, ClusterMetadata, TopicInfo
 from replikafka.client.partitioner import partition_for_key
-from replikafka.client.put_streams import PutStreams
+from replikafka.client.put_streams import REQUEST_PARTITIONS_MAX, PutStreams
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.broker.storage.batch_format import body_crc32c
 from replikafka.protocol import flight_produce
@@ -164,6 +164,9 @@ class Producer:
         self._cv = threading.Condition()
         self._responses: list[tuple[str, list[ProducerBatch], Future]] = []
         self._sticky: dict[str, tuple[int, ProducerBatch | None]] = {}
+        # What a topic's metadata gives, worked out once per refresh: (kind, topic) -> (the
+        # TopicInfo it came from, value); a refresh makes a new TopicInfo, so a stale one misses.
+        self._per_refresh: dict[tuple[str, str], tuple[TopicInfo, Any]] = {}
         self._round_robin = itertools.count(random.randrange(1 << 16))
         self._flushing = 0
         self._closing = False
@@ -322,7 +325,11 @@ class Producer:
         return info
 
     def _append_limit(self, info: TopicInfo) -> int:
-        """Largest IPC size (bytes) one partition append may carry."""
+        """Largest IPC size (bytes) one partition append may carry (worked out once per
+        metadata refresh: the sender asks it for every queued partition at each drain)."""
+        cached = self._per_refresh.get(("limit", info.name))
+        if cached is not None and cached[0] is info:
+            return cached[1]
         limit = DEFAULT_MAX_MESSAGE_BYTES
         raw = info.config.get("max.message.bytes")
         if raw is not None:
@@ -333,7 +340,9 @@ class Producer:
         if self._max_request_size:
             limit = min(limit, self._max_request_size)
         overhead = len(info.stored_schema.serialize()) + 64  # schema message, end-of-stream marker
-        return max(int(limit * (1 - _IPC_SLACK)) - overhead, 1024)
+        limit = max(int(limit * (1 - _IPC_SLACK)) - overhead, 1024)
+        self._per_refresh[("limit", info.name)] = (info, limit)
+        return limit
 
     def _sticky_partition(self, info: TopicInfo, cap: int) -> int:
         """Keep filling one partition's batch; move to the next partition (with
@@ -341,8 +350,13 @@ class Producer:
         current = self._sticky.get(info.name)
         if current and current[0] in info.partitions and (current[1] is None or self._acc.is_open(current[1], cap)):
             return current[0]
-        ids = sorted(info.partitions)
-        live = [p for p in ids if info.partitions[p].leader >= 0] or ids
+        cached = self._per_refresh.get(("live", info.name))
+        if cached is not None and cached[0] is info:
+            live = cached[1]
+        else:   # once per refresh: every partition's leader is read (decoded) here
+            ids = sorted(info.partitions)
+            live = [p for p in ids if info.partitions[p].leader >= 0] or ids
+            self._per_refresh[("live", info.name)] = (info, live)
         p = live[next(self._round_robin) % len(live)]
         if current and len(live) > 1 and p == current[0]:
             p = live[next(self._round_robin) % len(live)]
@@ -487,9 +501,10 @@ class Producer:
     def _produce(self, target: str, batches: list[ProducerBatch]) -> pb.ProduceResponse:
         """I/O thread: append the batches through the leader's Flight listener (one
         ``DoPut`` per partition batch, all started before any answer is read), or
-        with one gRPC Produce call where it has none."""
+        with one gRPC Produce call where it has none or the request names more than
+        ``REQUEST_PARTITIONS_MAX`` partitions (as after a failover: one call, not thousands)."""
         address = self._flight_address(target)
-        if address is not None:
+        if address is not None and len({b.tp for b in batches}) <= REQUEST_PARTITIONS_MAX:
             return self._produce_flight(address, batches)
         return self._produce_grpc(target, batches)
 

@@ -7,8 +7,11 @@ it, announced by its first batch's metadata
 (:mod:`replikafka.protocol.flight_produce`); the leader answers each group with one
 ``PutResult`` before it reads the next, so one group is outstanding per call.
 
-Limits: at most ``max_streams`` calls open (the least recently used idle one is
-closed to open another); a call unused for ``idle_s`` is closed; every call has a
+Limits: at most ``max_streams`` calls kept open (the least recently used idle one
+is closed to open another, and calls past the limit, opened while the others were
+busy, are closed once answered); a request to one leader naming more than
+:data:`REQUEST_PARTITIONS_MAX` partitions goes as one gRPC Produce instead (the
+producer's choice); a call unused for ``idle_s`` is closed; every call has a
 deadline (``lifetime_s``) and takes new groups only while at least ``wait_s``
 (the wait one group may need) is left of it, so a group's wait is bounded without a
 timer: a hung leader costs at most the call's deadline. A call that failed in any
@@ -33,6 +36,11 @@ from replikafka.protocol.flight_produce import ProduceCommand
 
 #: Open appends per producer, over all leaders and partitions.
 STREAMS_MAX = 256
+#: A request to one leader naming more partitions than this goes as one gRPC Produce, not
+#: one DoPut per partition: every DoPut of a request is open at once and holds a thread on
+#: the leader, and after a failover (or with many cold partitions) a producer opened 2,800
+#: at once for 3,000 partitions, far past STREAMS_MAX.
+REQUEST_PARTITIONS_MAX = 32
 #: An open append unused this long is closed (it holds a thread on the leader).
 STREAM_IDLE_S = 30.0
 
@@ -124,6 +132,8 @@ class PutStreams:
             stream.close()
         stream.last_used_s = time.monotonic()
         stream.lock.release()
+        if stream.kept and len(self._streams) > self.max_streams:
+            self._trim()   # opened while the others were busy: back to the limit
         return results
 
     def close(self) -> None:
@@ -160,16 +170,22 @@ class PutStreams:
     def _keep(self, stream: PutStream) -> None:
         """Remember a newly opened call; close the idle ones and, over the limit, the
         least recently used idle ones."""
-        closing: list[PutStream] = []
         with self._lock:
             if self._closed:
                 stream.kept = False
                 return
             self._streams[stream.key] = stream
+        self._trim(stream)
+
+    def _trim(self, opened: PutStream | None = None) -> None:
+        """Close the idle calls and, over the limit, the least recently used idle ones
+        (never ``opened``, just opened for a group)."""
+        closing: list[PutStream] = []
+        with self._lock:
             now = time.monotonic()
             over = len(self._streams) - self.max_streams
             for s in sorted(self._streams.values(), key=lambda s: s.last_used_s):
-                if s is stream or not (over > 0 or now - s.last_used_s > self.idle_s):
+                if s is opened or not (over > 0 or now - s.last_used_s > self.idle_s):
                     continue
                 if s.lock.acquire(False):
                     del self._streams[s.key]
