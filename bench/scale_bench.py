@@ -13,11 +13,19 @@ Figures, each with a baseline measured in the same run where one exists:
   to it having taken up its N replicas (its LeaderAndIsr handled); baseline:
   the same broker's start with no partitions, at the beginning of the run;
 * failover of the third led by one broker: the controller noticing -> all new
-  leaders, -> every one of those partitions accepted a write;
+  leaders, -> every one of those partitions accepted a write. The writes go to
+  every new leader at once (one thread per leader, one Produce of its partitions
+  each, repeated for those not ready), as producers would: until 2026-11-23 17:30
+  UTC the bench sent one leader's Produce after the other, and found the leaders
+  by describe_topic (Metadata plus a ListOffsets of every partition), so that row's
+  figures before then are not comparable (13.1 s at 20,000 then);
 * ISR re-entry after each restart: until every ISR is full again (the leaders
   take the restarted follower back as it catches up), bounded by ISR_WAIT_S; a
   run that reaches the bound reports how many ISRs were still short and goes on;
 * controller failover: the new controller's load + resend of N partitions.
+
+Leaders and ISRs are read from Metadata alone (``ClusterMetadata``), never with
+describe_topic's ListOffsets of every partition, which loaded the brokers it polled.
 """
 from __future__ import annotations
 
@@ -28,11 +36,14 @@ import signal
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 import replikafka
 from bench.replication_bench import _first_line, _wait
+from replikafka.client.connection import ConnectionPool, parse_bootstrap
+from replikafka.client.metadata import ClusterMetadata
 from replikafka.errors import RequestTimedOutError
 from replikafka.local_cluster import LocalCluster
 from replikafka.protocol import replikafka_pb2 as pb
@@ -92,16 +103,22 @@ def _poll(predicate, timeout_s: float, what: str):
         time.sleep(POLL_S)
 
 
-def _isr_short(admin) -> list:
+def _partitions(md: ClusterMetadata):
+    """The topic's partitions (partition -> PartitionInfo) from one Metadata request."""
+    md.refresh([TOPIC])
+    return md.topic(TOPIC).partitions
+
+
+def _isr_short(md: ClusterMetadata) -> list:
     """The partitions whose ISR is not full (all 3 replicas)."""
-    return [p for p in admin.describe_topic(TOPIC).partitions if len(p.isr) < len(p.replicas)]
+    return [p for p, info in _partitions(md).items() if len(info.isr) < len(info.replicas)]
 
 
-def _wait_isr_full(admin, since: float, bound_s: float) -> tuple[float, int]:
+def _wait_isr_full(md: ClusterMetadata, since: float, bound_s: float) -> tuple[float, int]:
     """(seconds from ``since`` until every ISR was full, or until the bound; ISRs still short)."""
     deadline = time.time() + bound_s
     while True:
-        short = len(_isr_short(admin))
+        short = len(_isr_short(md))
         if not short or time.time() > deadline:
             return time.time() - since, short
         time.sleep(POLL_S)
@@ -125,42 +142,64 @@ def _restart(cluster: LocalCluster, broker_id: int, n: int) -> float:
     return done - launched
 
 
-def _write_all(cluster: LocalCluster, admin, partitions: list[int]) -> None:
-    """One record to each partition, one Produce request per leader, repeated for
-    the partitions not ready yet: when it returns every one accepted a write.
-    Raises naming how many never did (and how many have no leader) after 900 s."""
+def _one_record() -> tuple[bytes, int]:
+    """A one-record IPC stream for the topic and its CRC-32C: made before the kill (its
+    first making imports pandas, a second of the write phase at 300 partitions)."""
     from replikafka import records as R
     b = R.to_record_batch([{"value": b"x"}], R.parse_schema("value BINARY"), timestamp_ms=0)
     payload = R.encode_stream(b.schema, [b]).to_pybytes()
-    crc = R.records_crc32c(payload)
+    return payload, R.records_crc32c(payload)
+
+
+def _write_all(cluster: LocalCluster, md: ClusterMetadata, partitions: list[int], since: float,
+               record: tuple[bytes, int]) -> None:
+    """One record to each partition: one Produce request to each leader, sent to every
+    leader at once (a thread each, as producers write to their leaders in parallel),
+    repeated for the partitions not ready yet: when it returns every one accepted a
+    write. Raises naming how many never did (and how many have no leader) after 900 s.
+    Each round's line says when it started, in seconds after ``since``; ``record``: from
+    :func:`_one_record`."""
+    payload, crc = record
     todo = set(partitions)
+    stubs: dict[int, pbg.ReplikafkaStub] = {}
     deadline = time.time() + 900
-    while todo and time.time() < deadline:
-        leaders: dict[int, list[int]] = {}
+
+    def produce(leader: int, parts: list[int]) -> tuple[set[int], str]:
         t = time.time()
-        for p in admin.describe_topic(TOPIC).partitions:
-            if p.partition in todo:
-                leaders.setdefault(p.leader, []).append(p.partition)
-        took = [f"metadata {time.time() - t:.2f}s"]
-        for leader, parts in leaders.items():
-            if leader < 0 or not cluster.alive(leader):
-                continue
-            t = time.time()
-            stub = pbg.ReplikafkaStub(grpc.insecure_channel(cluster.address(leader), options=_CHANNEL_OPTS))
-            resp = stub.Produce(pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
-                pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload, records_crc32c=crc)
-                for p in parts]), timeout=300)
-            todo -= {r.partition for r in resp.partitions if not r.error.code}
-            codes: dict[int, int] = {}
-            for r in resp.partitions:
-                codes[r.error.code] = codes.get(r.error.code, 0) + 1
-            took.append(f"produce to {leader}: {len(parts)} partitions in {time.time() - t:.2f}s, codes {codes}")
+        resp = stubs[leader].Produce(pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
+            pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload, records_crc32c=crc)
+            for p in parts]), timeout=300)
+        codes: dict[str, int] = {}
+        for r in resp.partitions:
+            codes[r.error.code] = codes.get(r.error.code, 0) + 1
+        return ({r.partition for r in resp.partitions if not r.error.code},
+                f"produce to {leader}: {len(parts)} partitions in {time.time() - t:.2f}s, codes {codes}")
+
+    while todo and time.time() < deadline:
+        t = time.time()
+        known = _partitions(md)
+        leaders: dict[int, list[int]] = {}
+        for p in todo:
+            leader = known[p].leader
+            if leader >= 0 and cluster.alive(leader):
+                leaders.setdefault(leader, []).append(p)
+        took = [f"at {t - since:.2f}s: metadata {time.time() - t:.2f}s"]
+        for leader in leaders:
+            if leader not in stubs:
+                stubs[leader] = pbg.ReplikafkaStub(grpc.insecure_channel(cluster.address(leader),
+                                                                         options=_CHANNEL_OPTS))
+        if leaders:
+            with ThreadPoolExecutor(len(leaders)) as pool:
+                for accepted, line in pool.map(lambda item: produce(*item), leaders.items()):
+                    todo -= accepted
+                    took.append(line)
         # Where the time goes (the write phase's rounds), on stderr with the figures.
         print(f"scale: write round: {'; '.join(took)}; {len(todo)} left", file=sys.stderr, flush=True)
         if todo:
             time.sleep(0.1)
     if todo:
-        leaderless = sum(1 for p in admin.describe_topic(TOPIC).partitions if p.partition in todo and p.leader < 0)
+        known = _partitions(md)
+        leaderless = sum(1 for p in todo if known[p].leader < 0)
         raise RuntimeError(f"{len(todo)} partitions never accepted a write ({leaderless} have no leader)")
 
 
@@ -206,6 +245,9 @@ def run() -> list[dict]:
 
         # 5 minutes a request: a 50,000-partition metadata answer on a loaded machine took over 30 s.
         admin = replikafka.Admin(cluster.bootstrap_servers, request_timeout_ms=300_000)
+        md_pool = ConnectionPool()
+        md = ClusterMetadata(md_pool, parse_bootstrap(cluster.bootstrap_servers),
+                             request_timeout_ms=300_000)
         t0 = time.time()
         try:
             admin.create_topic(TOPIC, partitions=n, replication_factor=3, schema="value BINARY",
@@ -213,14 +255,14 @@ def run() -> list[dict]:
         except RequestTimedOutError:
             # The broker waits at most 2 minutes for every partition to have a leader; the
             # creation goes on (as Kafka's CreateTopics after its timeout): wait for it here.
-            _wait(lambda: all(p.leader >= 0 for p in admin.describe_topic(TOPIC).partitions)
-                  and len(admin.describe_topic(TOPIC).partitions) == n, 1800, "every partition led")
+            _wait(lambda: (lambda ps: len(ps) == n and all(i.leader >= 0 for i in ps.values()))(_partitions(md)),
+                  1800, "every partition led")
         created = time.time()
         taken = [_wait(lambda b=b: _took_up(cluster, b, n, t0), 1800, f"broker {b} to take up its replicas")
                  for b in cluster.ids]
         row(f"create topic, {n} partitions RF=3: CreateTopic returns", created - t0, "s", floor)
         row(f"create topic, {n} partitions RF=3: all replicas taken up", max(taken) - t0, "s", floor)
-        isr_rows("create topic: every ISR full", *_wait_isr_full(admin, t0, ISR_WAIT_S))
+        isr_rows("create topic: every ISR full", *_wait_isr_full(md, t0, ISR_WAIT_S))
 
         rss, fds = _proc_usage(cluster.procs[victim].pid)
         row("broker RSS per 10,000 replicas", (rss - empty_rss) / n * 10_000 / 2**20, "MiB")
@@ -233,22 +275,23 @@ def run() -> list[dict]:
         serving = _restart(cluster, victim, n)
         row(f"restart after SIGTERM -> serving {n} replicas", serving, "s", empty_start)
         isr_rows("after the SIGTERM restart: serving -> every ISR full",
-                 *_wait_isr_full(admin, cluster.launched_ms[victim] / 1000 + serving, ISR_WAIT_S))
+                 *_wait_isr_full(md, cluster.launched_ms[victim] / 1000 + serving, ISR_WAIT_S))
         # Put the victim back at the head of its partitions so it leads a third.
-        admin_led = lambda: [p.partition for p in admin.describe_topic(TOPIC).partitions if p.leader == victim]
+        admin_led = lambda: [p for p, i in _partitions(md).items() if i.leader == victim]
         if not admin_led():
             _preferred_election(cluster)
             _poll(lambda: len(admin_led()) >= n // 3 - 1, 600, "preferred leaders back")
         # A partition whose ISR holds the victim alone cannot fail over (no clean
         # leader is left): the failover rows count the others and say how many.
-        parts = admin.describe_topic(TOPIC).partitions
-        led = [p.partition for p in parts if p.leader == victim and len(p.isr) > 1]
-        alone = sum(1 for p in parts if p.leader == victim and len(p.isr) <= 1)
+        parts = _partitions(md)
+        led = [p for p, i in parts.items() if i.leader == victim and len(i.isr) > 1]
+        alone = sum(1 for i in parts.values() if i.leader == victim and len(i.isr) <= 1)
         if alone:
             row("failover: partitions left out (the victim alone in their ISR)", alone, "partitions")
 
         # Failover of the third it leads (SIGKILL), then its restart after SIGKILL.
         survivors = [b for b in cluster.ids if b != victim]
+        record = _one_record()
         killed_at = time.time()
         cluster.kill(victim)
         noticed = _wait(lambda: _first_line(cluster, controller, rf"brokers \[{victim}\] failed", killed_at - 1),
@@ -258,11 +301,11 @@ def run() -> list[dict]:
         # topic takes seconds at this size, too coarse to time it by polling.
         handled = [_wait(lambda b=b: _first_line(cluster, b, _HANDLED_LEADER_AND_ISR, noticed), 600,
                          f"broker {b} to handle the failover's LeaderAndIsr")[0] for b in survivors]
-        _poll(lambda: not any(p.leader == victim for p in admin.describe_topic(TOPIC).partitions), 600,
+        _poll(lambda: not any(i.leader == victim for i in _partitions(md).values()), 600,
               "new leaders in the metadata")
         print(f"scale: new leaders in the metadata {time.time() - noticed:.2f}s after the controller noticed",
               file=sys.stderr, flush=True)
-        _write_all(cluster, admin, led)
+        _write_all(cluster, md, led, noticed, record)
         all_written = time.time()
         row(f"failover of {len(led)} partitions: noticed -> all new leaders", max(handled) - noticed, "s")
         decided = _wait(lambda: _first_line(cluster, controller, r"partition states written and sent in", noticed),
@@ -274,7 +317,7 @@ def run() -> list[dict]:
         serving = _restart(cluster, victim, n)
         row(f"restart after SIGKILL -> serving {n} replicas", serving, "s", empty_start)
         isr_rows("after the SIGKILL restart: serving -> every ISR full",
-                 *_wait_isr_full(admin, cluster.launched_ms[victim] / 1000 + serving, ISR_WAIT_S))
+                 *_wait_isr_full(md, cluster.launched_ms[victim] / 1000 + serving, ISR_WAIT_S))
 
         # Controller failover.
         killed_at = time.time()
@@ -285,6 +328,7 @@ def run() -> list[dict]:
         row(f"controller failover, {n} partitions: load + resend",
             float(re.search(r"in ([0-9.]+)s", line[1]).group(1)), "s")
         admin.close()
+        md_pool.close()
     finally:
         cluster.stop()
         if LOGS_DIR:
