@@ -159,6 +159,7 @@ _U16 = struct.Struct("<H").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _U32 = struct.Struct("<I").unpack_from
 _I64 = struct.Struct("<q").unpack_from
+_U16X2 = struct.Struct("<HH").unpack_from
 
 
 def _fb_fields(meta: bytes, table: int) -> tuple[int, ...]:
@@ -203,11 +204,45 @@ def _parse_message(meta: bytes, want_custom: bool) -> tuple[int, int, int, dict[
             count = _U32(meta, vec)[0]
             if vec + 4 + 4 * count > len(meta):
                 raise _Malformed(f"custom_metadata vector at {vec} runs past the metadata")
-            for i, rel in enumerate(struct.unpack_from(f"<{count}I", meta, vec + 4)):
-                kv = _fb_fields(meta, vec + 4 + 4 * i + rel) + (0, 0)
-                if kv[0] and kv[1]:
-                    custom[_fb_string(meta, kv[0])] = _fb_string(meta, kv[1])
+            custom = _key_values(meta, vec, count)
     return header_type, body_length, record_count, custom
+
+
+def _key_values(meta: bytes, vec: int, count: int) -> dict[str, str]:
+    """The KeyValue tables of a custom_metadata vector (``count`` entries at ``vec``),
+    as ``_fb_fields`` and ``_fb_string`` would read them (same bounds checks, same
+    skipping of an entry without key or value), in one loop: every read of a stored
+    batch's header goes through here (the leader's first read, each follower's
+    append, recovery), and the general helpers cost twice as much."""
+    out = {}
+    size = len(meta)
+    base = vec + 4
+    for i, rel in enumerate(struct.unpack_from(f"<{count}I", meta, base)):
+        table = base + 4 * i + rel
+        vtable = table - _I32(meta, table)[0]
+        if vtable < 0:
+            raise _Malformed(f"table at {table} has no valid vtable")
+        vt_size = _U16(meta, vtable)[0]
+        if vt_size < 4 or vt_size % 2 or vtable + vt_size > size:
+            raise _Malformed(f"vtable at {vtable} has size {vt_size}")
+        if vt_size < 8:
+            continue          # no value field
+        key_at, value_at = _U16X2(meta, vtable + 4)
+        if not (key_at and value_at):
+            continue
+        key_at += table
+        start = key_at + _U32(meta, key_at)[0]
+        n = _U32(meta, start)[0]
+        if start + 4 + n > size:
+            raise _Malformed(f"string at {start} runs past the metadata")
+        key = meta[start + 4:start + 4 + n].decode("utf-8")
+        value_at += table
+        start = value_at + _U32(meta, value_at)[0]
+        n = _U32(meta, start)[0]
+        if start + 4 + n > size:
+            raise _Malformed(f"string at {start} runs past the metadata")
+        out[key] = meta[start + 4:start + 4 + n].decode("utf-8")
+    return out
 
 
 # ---- framing ---------------------------------------------------------------------

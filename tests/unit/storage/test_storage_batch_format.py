@@ -220,3 +220,53 @@ def test_max_timestamp_small_large_and_sliced_batches():
             assert bf.max_timestamp_ms(batch.slice(start)) == int(values[start:].max())
     with_null = pa.record_batch([pa.array([5, None, 9], pa.int64()).view(TS)], names=["timestamp"])
     assert bf.max_timestamp_ms(with_null) == 9
+
+
+def _key_values_by_the_general_reader(meta: bytes) -> dict[str, str]:
+    """custom_metadata read with the general table and string helpers (what
+    `_key_values` replaced on the hot path)."""
+    import struct
+    f = bf._fb_fields(meta, bf._U32(meta, 0)[0]) + (0, 0, 0, 0, 0)
+    vec = f[4] + bf._U32(meta, f[4])[0]
+    out = {}
+    for i, rel in enumerate(struct.unpack_from(f"<{bf._U32(meta, vec)[0]}I", meta, vec + 4)):
+        kv = bf._fb_fields(meta, vec + 4 + 4 * i + rel) + (0, 0)
+        if kv[0] and kv[1]:
+            out[bf._fb_string(meta, kv[0])] = bf._fb_string(meta, kv[1])
+    return out
+
+
+def test_the_header_fast_path_reads_damaged_metadata_as_the_general_reader_does():
+    """Every single-byte change of a stored header's metadata (3 values each): the
+    one-loop KeyValue reader returns what the general flatbuffer helpers return, or
+    both refuse the bytes; never a header one of them would not give."""
+    import random
+    import struct
+    data = bf.encode_batch(make_batch(10, 5), header(producer_id=77, producer_epoch=2, base_sequence=40)).to_bytes()
+    meta_len = int.from_bytes(data[4:8], "little")
+    meta = data[8:8 + meta_len]
+    refused = (bf._Malformed, struct.error, IndexError, UnicodeDecodeError, OverflowError)
+
+    def outcome(read, m):
+        try:
+            return read(m)
+        except refused:
+            return "refused"
+
+    def fast(m):
+        f = bf._fb_fields(m, bf._U32(m, 0)[0]) + (0, 0, 0, 0, 0)
+        vec = f[4] + bf._U32(m, f[4])[0]
+        return bf._key_values(m, vec, bf._U32(m, vec)[0])
+
+    assert outcome(fast, meta) == outcome(_key_values_by_the_general_reader, meta) == \
+        {k: v for k, v in header(producer_id=77, producer_epoch=2, base_sequence=40).metadata(
+            "%08x" % bf.read_header(data, 0, len(data))[0].crc32c).items()}
+    rng = random.Random(7)
+    differing = []
+    for at in range(len(meta)):
+        for value in rng.sample(range(256), 3):
+            damaged = meta[:at] + bytes([value]) + meta[at + 1:]
+            got, want = outcome(fast, damaged), outcome(_key_values_by_the_general_reader, damaged)
+            if got != want:
+                differing.append((at, value, got, want))
+    assert differing == []
