@@ -235,6 +235,7 @@ class Log:
         self._config = config
         self._schema = schema
         self._schema_msg = bf.schema_message(schema) if schema_msg is None else schema_msg
+        self._schema_msg_buffer = pa.py_buffer(self._schema_msg)   # a follower's appends compare against it
         self._clock = clock
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
@@ -588,9 +589,13 @@ class Log:
         limit = buf.size
         if limit == 0:
             return []
-        schema, pos = bf.read_schema_message(buf, limit, "append_raw data")
-        if not schema.equals(self._schema, check_metadata=False):
-            raise InvalidSchemaError(f"append_raw data has schema {schema}, the log has {self._schema}")
+        pos = len(self._schema_msg)
+        if limit < pos or not buf.slice(0, pos).equals(self._schema_msg_buffer):
+            # Not this log's own schema message, byte for byte (the leader's log was written
+            # with the same one): parse it, and refuse it unless the schemas are equal.
+            schema, pos = bf.read_schema_message(buf, limit, "append_raw data")
+            if not schema.equals(self._schema, check_metadata=False):
+                raise InvalidSchemaError(f"append_raw data has schema {schema}, the log has {self._schema}")
         out = []
         expected = None
         while pos < limit:

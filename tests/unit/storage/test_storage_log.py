@@ -205,6 +205,30 @@ def test_append_raw_of_read_raw_reproduces_identical_bytes(tmp_path):
     assert follower_files == leader_files      # same config: byte-identical segments
 
 
+def test_append_raw_takes_the_logs_own_schema_message_as_is_and_parses_any_other(tmp_path):
+    """A follower's append compares the stream's schema message with its log's own, byte
+    for byte; another one is parsed: accepted when the schemas are equal but for their
+    metadata, refused (nothing written) when they differ, torn ones named."""
+    leader = open_log(tmp_path / "a" / "t-0")
+    fill(leader, 3, epoch=1)
+    raw = leader.read_raw(0, 10**6).data
+    own = bf.schema_message(SCHEMA)
+    assert raw.startswith(own)
+    batches = raw[len(own):]
+    follower = open_log(tmp_path / "b" / "t-0")
+    tagged = bf.schema_message(SCHEMA.with_metadata({"origin": "another writer"}))
+    assert tagged != own
+    assert follower.append_raw(tagged + batches).record_count == 15
+    other = bf.schema_message(pa.schema([("value", pa.binary()), ("key", pa.binary()), ("timestamp", TS)]))
+    assert len(other) == len(own) and other != own
+    follower = open_log(tmp_path / "c" / "t-0")
+    with pytest.raises(InvalidSchemaError, match="append_raw data has schema"):
+        follower.append_raw(other + batches)
+    with pytest.raises(CorruptRecordError, match="torn schema message"):
+        follower.append_raw(own[:len(own) // 2])
+    assert follower.log_end_offset == 0
+
+
 def test_read_raw_starts_at_the_batch_holding_the_offset(tmp_path):
     log = open_log(tmp_path / "t-0")
     fill(log, 4, epoch=2)
