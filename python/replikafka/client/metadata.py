@@ -147,6 +147,10 @@ class ListedPartitions(Mapping):
     def __repr__(self) -> str:
         return f"ListedPartitions({self._topic!r}, {len(self._ids)} partitions)"
 
+    def __reduce__(self):
+        # Pickled (or copied) as the plain dict it stands for: the answer it reads is not picklable.
+        return dict, (dict(self.items()),)
+
 
 def topic_info_from_pb(t: pb.TopicMetadata) -> TopicInfo:
     stored = schema_from_bytes(t.schema) if t.schema else stored_schema(KAFKA_SCHEMA)

@@ -4,6 +4,8 @@ partition order, same PartitionInfo values, same misses), whatever the order
 and gaps of the answer's list."""
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import pytest
@@ -63,3 +65,5 @@ def test_lazy_partitions_read_as_the_eager_decode(ids):
     assert all(same(a, want[p]) for p, a in got.items())
     if 4 in want:
         assert isinstance(got[4].error, E.LeaderNotAvailableError)
+    for again in (pickle.loads(pickle.dumps(topic_info_from_pb(tm))).partitions, copy.deepcopy(got)):
+        assert list(again) == list(want) and all(same(again[p], want[p]) for p in want)
