@@ -396,7 +396,7 @@ class Log:
             seg = segs[i]
             if kept and seg.base_offset != kept[-1].next_offset:
                 break      # a gap: this and every later segment is unreachable
-            result = seg.recover(self._on_recovered_batch)
+            result = seg.recover(self._on_recovered_batch, self._schema_msg)
             stats["recovered_segments"] += 1
             stats["recovered_batches"] += result.valid_batches
             stats["truncated_bytes"] += result.truncated_bytes

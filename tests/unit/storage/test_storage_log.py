@@ -478,6 +478,36 @@ def test_unclean_reopen_scans_only_from_the_recovery_point(tmp_path):
     assert log.load_stats["recovered_segments"] == len(bases) - 3
 
 
+def test_unclean_reopen_leaves_index_files_holding_the_rebuilt_entries(tmp_path):
+    """Recovery rebuilds both indexes from the data; a file already holding exactly
+    those entries is left in place (two file creations or unlinks per recovered log
+    otherwise), a wrong or missing one is written again."""
+    config = LogConfig(segment_bytes=1 << 20, index_interval_bytes=256)
+    log = open_log(tmp_path / "t-0", config)
+    fill(log, 10)
+    log.flush()
+    seg = log.segments()[-1]
+    paths = [seg.offset_index.path, seg.time_index.path]
+    held = [open(p, "rb").read() for p in paths]
+    assert all(held), "both indexes have entries"
+    for i, p in enumerate(paths):      # a second name for each file: survives a replacement
+        os.link(p, tmp_path / f"kept-{i}")
+    log = open_log(tmp_path / "t-0", config)       # no clean shutdown: scanned
+    assert log.load_stats["recovered_segments"] == 1
+    assert [os.path.samefile(p, tmp_path / f"kept-{i}") for i, p in enumerate(paths)] == [True, True]
+    assert [open(p, "rb").read() for p in paths] == held
+    assert read_values(log, 17) == values(17, 50)
+    log.abandon()
+    with open(paths[0], "r+b") as f:   # a wrong entry, and a time index lost
+        f.write(b"\x07" * 8)
+    os.unlink(paths[1])
+    log = open_log(tmp_path / "t-0", config)
+    assert [open(p, "rb").read() for p in paths] == held
+    assert read_values(log, 17) == values(17, 50)
+    fill(log, 1)
+    assert read_values(log) == values(0, 55)
+
+
 def test_reopen_with_garbage_at_the_tail(tmp_path):
     log = open_log(tmp_path / "t-0")
     fill(log, 7)
@@ -501,6 +531,8 @@ def test_schema_is_read_from_disk_and_checked(tmp_path):
     other = pa.schema([("value", pa.binary()), ("timestamp", TS)])
     with pytest.raises(InvalidSchemaError):
         Log.open(str(tmp_path / "t-0"), TINY, other, clean=True)
+    with pytest.raises(InvalidSchemaError):    # recovery too: the file's schema message is not the log's
+        Log.open(str(tmp_path / "t-0"), TINY, other)
     with pytest.raises(InvalidSchemaError):
         Log.open(str(tmp_path / "empty-0"), TINY, None)
 
