@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import (EXCEPTIONS, BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError,
                               UnimplementedError)
-from kazoo.protocol.serialization import (CheckVersion, MultiHeader, SetData, Transaction, int_struct,
-                                          multiheader_struct, read_buffer, stat_struct, write_string)
+from kazoo.protocol.serialization import (CheckVersion, SetData, Transaction, int_struct, multiheader_struct,
+                                          stat_struct, write_string)
 from kazoo.protocol.states import ZnodeStat
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,19 @@ class LeaderAndIsr:
         d = json.loads(data)
         return LeaderAndIsr(int(d["leader"]), int(d["leader_epoch"]), tuple(int(b) for b in d["isr"]),
                             int(d["controller_epoch"]))
+
+
+class _StateDecoder(dict):
+    """Decodes state znode values, each distinct value once: a read of many states
+    meets few distinct ones (a few brokers, epochs and versions: at 50,000 partitions
+    on 3 brokers, tens), and a JSON decode each was most of a controller failover's
+    read (LeaderAndIsr is frozen, so equal states share one object). Lives for one read."""
+
+    def __call__(self, data: bytes) -> LeaderAndIsr:
+        s = self.get(data)
+        if s is None:
+            s = self[data] = LeaderAndIsr.from_json(data)
+        return s
 
 
 def _json(d: dict) -> bytes:
@@ -500,6 +513,7 @@ class ZkStore:
         chunks = [range(i, min(i + MULTI_OPS_MAX, len(tps))) for i in range(0, len(tps), MULTI_OPS_MAX)]
         asyncs = [(chunk, multi_read_async(self.zk, [paths[i] for i in chunk])) for chunk in chunks]
         out = {}
+        decode = _StateDecoder()
         for chunk, a in asyncs:
             for i, result in zip(chunk, a.get()):
                 if isinstance(result, NoNodeError):
@@ -507,7 +521,7 @@ class ZkStore:
                 if isinstance(result, Exception):
                     raise result
                 data, stat = result
-                out[tps[i]] = (LeaderAndIsr.from_json(data), stat.version)
+                out[tps[i]] = (decode(data), stat.version)
                 if mzxids is not None:
                     mzxids[tps[i]] = stat.mzxid
         return out
@@ -515,12 +529,13 @@ class ZkStore:
     def _read_states_pipelined(self, tps, mzxids=None):
         asyncs = [(tp, self.zk.get_async(state_path(*tp))) for tp in tps]
         out = {}
+        decode = _StateDecoder()
         for tp, a in asyncs:
             try:
                 data, stat = a.get()
             except NoNodeError:
                 continue
-            out[tp] = (LeaderAndIsr.from_json(data), stat.version)
+            out[tp] = (decode(data), stat.version)
             if mzxids is not None:
                 mzxids[tp] = stat.mzxid
         return out
@@ -730,19 +745,32 @@ class _MultiRead(namedtuple("_MultiRead", "paths")):
 
     @classmethod
     def deserialize(cls, buf, offset):
+        # Unrolled (kazoo's MultiHeader and read_buffer make a tuple and a call per
+        # field): this runs on kazoo's one connection thread, while the controller
+        # waits for the 50 replies of a 50,000-state read.
         results = []
-        header, offset = MultiHeader.deserialize(buf, offset)
-        while not header.done:
-            if header.type == cls.GET_DATA:
-                data, offset = read_buffer(buf, offset)
-                results.append((data, ZnodeStat._make(stat_struct.unpack_from(buf, offset))))
-                offset += stat_struct.size
-            elif header.type == cls.ERROR:
-                results.append(EXCEPTIONS[int_struct.unpack_from(buf, offset)[0]]())
-                offset += int_struct.size
+        append = results.append
+        head, head_size = multiheader_struct.unpack_from, multiheader_struct.size
+        unpack_int, int_size = int_struct.unpack_from, int_struct.size
+        unpack_stat, stat_size, make_stat = stat_struct.unpack_from, stat_struct.size, ZnodeStat._make
+        kind, done, _err = head(buf, offset)
+        offset += head_size
+        while not done:
+            (n,) = unpack_int(buf, offset)
+            offset += int_size
+            if kind == cls.GET_DATA:
+                data = None
+                if n >= 0:
+                    data = buf[offset:offset + n]
+                    offset += n
+                append((data, make_stat(unpack_stat(buf, offset))))
+                offset += stat_size
+            elif kind == cls.ERROR:
+                append(EXCEPTIONS[n]())
             else:
-                raise ValueError(f"multiRead: unexpected result type {header.type}")
-            header, offset = MultiHeader.deserialize(buf, offset)
+                raise ValueError(f"multiRead: unexpected result type {kind}")
+            kind, done, _err = head(buf, offset)
+            offset += head_size
         return results
 
 

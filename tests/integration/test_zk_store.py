@@ -100,3 +100,39 @@ def test_guarded_state_writes_in_multis_fenced_by_the_controller_epoch(kazoo_cli
     with pytest.raises(Z.ControllerMovedError):
         Z.guarded_state_writes(kazoo_client, epoch_version, {("g", 0): (LeaderAndIsr(3, 2, (3,), epoch), 1)})
     assert store.get_partition_state("g", 0) == (LeaderAndIsr(2, 1, (2, 3), epoch), 1)
+
+
+def test_a_read_decodes_each_distinct_state_once(kazoo_client):
+    """Equal state values read as one shared (frozen) LeaderAndIsr: a read of 50,000
+    states meets tens of distinct values, and a JSON decode each was most of it."""
+    store = ZkStore(kazoo_client)
+    store.ensure_paths()
+    states = {("d", p): LeaderAndIsr(1 + p % 2, 0, (1, 2), 3) for p in range(6)}
+    store.create_partition_states(states)
+    for read in (store._read_states_multi, store._read_states_pipelined):
+        got = read(list(states))
+        assert {tp: s for tp, (s, _v) in got.items()} == states
+        assert got[("d", 0)][0] is got[("d", 2)][0] is got[("d", 4)][0]
+        assert got[("d", 1)][0] is got[("d", 3)][0] and got[("d", 0)][0] is not got[("d", 1)][0]
+
+
+def test_multi_read_replies_parse_data_missing_values_and_errors():
+    """A multiRead reply as ZooKeeper frames it: per op a header, then the data (length
+    -1: no value) and the stat, or an error code; then the closing header."""
+    import struct
+
+    from kazoo.exceptions import NoNodeError
+    from kazoo.protocol.serialization import int_struct, multiheader_struct, stat_struct
+
+    from replikafka.broker.zk_store import _MultiRead
+
+    stat = tuple(range(1, 12))
+    buf = (b"junk" + multiheader_struct.pack(4, False, 0) + int_struct.pack(3) + b"abc" + stat_struct.pack(*stat)
+           + multiheader_struct.pack(-1, False, -101) + int_struct.pack(-101)
+           + multiheader_struct.pack(4, False, 0) + int_struct.pack(-1) + stat_struct.pack(*stat)
+           + multiheader_struct.pack(-1, True, -1))
+    (d1, s1), missing, (d3, s3) = _MultiRead.deserialize(buf, 4)
+    assert d1 == b"abc" and tuple(s1) == stat and s1.mzxid == 2 and s1.version == 5
+    assert isinstance(missing, NoNodeError) and d3 is None and tuple(s3) == stat
+    with pytest.raises(ValueError, match="unexpected result type 5"):
+        _MultiRead.deserialize(multiheader_struct.pack(5, False, 0) + struct.pack("!i", 0), 0)

@@ -1,0 +1,243 @@
+"""The controller's side of the scale bench's failover rows, in one process, no brokers.
+
+A real ZooKeeper (tests/zk_harness.py) holds N partition states (RF=3 over brokers
+1-3, written by the real controller code); the real Controller runs its events
+through ``do_work()`` with a channel manager whose channels keep what they are given
+(the requests are encoded as the real manager encodes them, on the event thread;
+their wire bytes are made after the event, timed apart as "wire"). Two scenarios,
+each repeated:
+
+* controller failover: broker 1 (the controller, in every ISR, leading a third) is
+  gone; broker 2's controller is elected and loads, decides, writes and sends;
+* broker failure: broker 2's controller sees broker 3 (leading a third) die.
+
+Between rounds the states are written back as they were. ``--root DIR`` loads the
+package from another worktree (DIR/python/replikafka, DIR/broker) to compare an
+older commit with this one in one driver, rounds interleaved. Usage::
+
+    python bench/controller_inproc.py --partitions 50000 --rounds 3 [--root /work/wt-old ...]
+
+Prints one line per round and scenario: phases in seconds and the 1-minute load.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_from(root: str) -> None:
+    """Import replikafka (and replikafka.broker) from the worktree at ``root``."""
+    for name, path in (("replikafka", f"{root}/python/replikafka"), ("replikafka.broker", f"{root}/broker")):
+        spec = importlib.util.spec_from_file_location(name, f"{path}/__init__.py", submodule_search_locations=[path])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        if "." in name:
+            setattr(sys.modules[name.rsplit(".", 1)[0]], name.rsplit(".", 1)[1], mod)
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def child(args) -> None:
+    """One process per code version: set up (or reuse) the states, then run rounds on command."""
+    if args.root:
+        _load_from(args.root)
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from kazoo.client import KazooClient
+    from replikafka.broker import zk_store as Z
+    from replikafka.broker.controller import controller as C
+    from replikafka.broker.controller import controller_events as V
+    from replikafka.broker.controller.broker_channels import ControllerChannelManager
+    from replikafka import records as R
+
+    lines = _Lines()
+    logging.getLogger("replikafka.controller").addHandler(lines)
+    logging.getLogger("replikafka.controller").setLevel(logging.INFO)
+
+    class KeptChannel:
+        def __init__(self, bid):
+            self.broker_id, self.kept = bid, []
+
+        def send(self, method, request, on_response=None):
+            self.kept.append((method, request))
+
+        def idle(self):
+            return True
+
+        def close(self):
+            pass
+
+    class KeepingChannels(ControllerChannelManager):
+        def set_brokers(self, live):
+            with self.lock:
+                self.channels = {b: self.channels.get(b) or KeptChannel(b) for b in live}
+
+        def wire(self) -> tuple[float, int]:
+            t, n = time.perf_counter(), 0
+            seen: dict[int, int] = {}
+            for ch in self.channels.values():
+                for _m, req in ch.kept:
+                    if id(req) not in seen:
+                        seen[id(req)] = len(req if isinstance(req, (bytes, bytearray, memoryview))
+                                            else req.SerializeToString())
+                    n += seen[id(req)]
+                ch.kept.clear()
+            return time.perf_counter() - t, n
+
+    zk_hosts, chroot, n = args.zk, args.chroot, args.partitions
+
+    def client(read_only=False):
+        zk = KazooClient(hosts=zk_hosts + chroot, timeout=30)
+        zk.start()
+        return zk
+
+    admin = client()
+    regs = {}
+
+    def register(b):
+        zk = client()
+        Z.ZkStore(zk).register_broker(b, "127.0.0.1", 9000 + b)
+        regs[b] = zk
+
+    def unregister(b):
+        regs.pop(b).stop()
+
+    store = Z.ZkStore(admin)
+    store.ensure_paths()
+    for b in (1, 2, 3):
+        register(b)
+    schema = R.schema_to_bytes(R.stored_schema(R.KAFKA_SCHEMA))
+    if not admin.exists(Z.topic_path("scale")):
+        assignment = C.random_assignment(n, 3, [1, 2, 3])
+        store.create_topic("scale", assignment, schema, {"topic.id": "x"})
+        boot = C.Controller(1, Z.ZkStore(regs[1]))
+        boot.channels = KeepingChannels()
+        boot.enqueue(V.Elect())
+        while boot.do_work():
+            pass
+        boot.active = False
+        admin.delete(Z.CONTROLLER)
+    assignment = store.get_assignment("scale")
+    tps = [("scale", p) for p in sorted(assignment)]
+    # The states every round starts from: the preferred replica leads, all in sync.
+    initial = {tp: Z.LeaderAndIsr(assignment[tp[1]][0], 0, tuple(assignment[tp[1]]), 1) for tp in tps}
+
+    def restore():
+        for b in (1, 2, 3):   # first: a registration newer than a state is a restarted ISR member
+            if b not in regs:
+                register(b)
+        cur = store.get_partition_states(tps)
+        store.update_partition_states([(t, p, initial[(t, p)], cur[(t, p)][1]) for t, p in tps])
+        if admin.exists(Z.CONTROLLER):
+            admin.delete(Z.CONTROLLER)
+
+    def new_controller(b):
+        c = C.Controller(b, Z.ZkStore(regs[b]))
+        c.channels = KeepingChannels()
+        return c
+
+    def run_event(c, event):
+        lines.lines.clear()
+        c.enqueue(event)
+        t = time.perf_counter()
+        while c.do_work():
+            pass
+        total = time.perf_counter() - t
+        wire_s, wire_n = c.channels.wire()
+        return total, wire_s, wire_n, list(lines.lines)
+
+    for line in sys.stdin:
+        what = line.strip()
+        if what == "quit":
+            break
+        restore()
+        out = {}
+        if what == "failover":
+            unregister(1)
+            time.sleep(0.2)
+            c = new_controller(2)
+            total, wire_s, wire_n, got = run_event(c, V.Elect())
+            m = next((re.search(r"in ([\d.]+)s \(read ([\d.]+)s, decided and wrote (\d+) states .* in ([\d.]+)s, "
+                                r"sent ([\d.]+)s\)", l) for l in got if "controller failover: loaded" in l), None)
+            out = {"total": total, "read": float(m.group(2)), "decide_write": float(m.group(4)),
+                   "send": float(m.group(5)), "written": int(m.group(3)), "wire": wire_s, "wire_mb": wire_n / 1e6}
+        elif what == "brokerfail":
+            c = new_controller(2)
+            run_event(c, V.Elect())
+            c.channels.wire()
+            unregister(3)
+            time.sleep(0.2)
+            total, wire_s, wire_n, got = run_event(c, V.BrokerChange())
+            m = next((re.search(r"written and sent in ([\d.]+)s \((\d+) new leaders in ([\d.]+)s", l)
+                      for l in got if "written and sent in" in l), None)
+            out = {"total": total, "leaders": float(m.group(3)), "all": float(m.group(1)),
+                   "new_leaders": int(m.group(2)), "wire": wire_s, "wire_mb": wire_n / 1e6}
+        c.active = False
+        c.channels.close()
+        print(json.dumps(out), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--partitions", type=int, default=50_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--root", action="append", default=[], help="another worktree to compare (repeatable)")
+    ap.add_argument("--scenarios", default="failover,brokerfail")
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--zk", default="")
+    ap.add_argument("--chroot", default="")
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    from zk_harness import connected_client, new_chroot, start_test_zookeeper
+    with tempfile.TemporaryDirectory() as d:
+        server = start_test_zookeeper(d)
+        try:
+            hosts = f"{server.host}:{server.port}"
+            admin = connected_client(hosts)
+            roots = [""] + args.root
+            procs = []
+            for root in roots:
+                chroot = new_chroot(admin, "ctl")
+                cmd = [sys.executable, os.path.abspath(__file__), "--child", "--zk", hosts, "--chroot", chroot,
+                       "--partitions", str(args.partitions)] + (["--root", root] if root else [])
+                procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            for r in range(args.rounds):
+                for scenario in args.scenarios.split(","):
+                    for root, p in zip(roots, procs):
+                        p.stdin.write(scenario + "\n")
+                        p.stdin.flush()
+                        res = json.loads(p.stdout.readline())
+                        print(f"round {r} {scenario:10s} {root or 'this':24s} load {os.getloadavg()[0]:5.2f} "
+                              + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in res.items()), flush=True)
+            for p in procs:
+                p.stdin.write("quit\n")
+                p.stdin.flush()
+                p.wait(timeout=60)
+            admin.stop()
+        finally:
+            server.close()
+
+
+if __name__ == "__main__":
+    main()
