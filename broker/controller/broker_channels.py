@@ -21,10 +21,11 @@ import grpc
 
 from replikafka.broker import controller_rpc
 from replikafka.client.connection import open_channel, target_of
-from replikafka.protocol import replikafka_pb2_grpc as pbg
+from replikafka.protocol import replikafka_pb2 as pb
 
 log = logging.getLogger(__name__)
 QUEUE_MAX = 10_000
+_SERVICE = pb.DESCRIPTOR.services_by_name["Replikafka"].full_name
 RETRY_BACKOFF_S = 0.1
 
 
@@ -34,7 +35,11 @@ class BrokerChannel:
         self.broker_id = broker_id
         self.target = target_of(host, port)
         self.channel = open_channel(self.target, credentials)
-        self.stub = pbg.ReplikafkaStub(self.channel)
+        # Requests arrive serialized (controller_rpc encodes each once, whatever the
+        # number of brokers it goes to): sent as they are, answers parsed.
+        self.calls = {method: self.channel.unary_unary(f"/{_SERVICE}/{method}", request_serializer=None,
+                                                       response_deserializer=response.FromString)
+                      for method, response in controller_rpc.RESPONSES.items()}
         self.timeout_s = request_timeout_s
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_MAX)
         self.failing = False  # the last attempt failed (the broker is unreachable)
@@ -42,9 +47,9 @@ class BrokerChannel:
         self.thread = threading.Thread(target=self._run, name=f"controller-to-broker-{broker_id}", daemon=True)
         self.thread.start()
 
-    def send(self, method: str, request, on_response=None) -> None:
-        """Queue the protobuf ``request`` for ``method``; ``on_response(broker_id, resp)``
-        gets the protobuf response."""
+    def send(self, method: str, request: bytes, on_response=None) -> None:
+        """Queue the serialized protobuf ``request`` for ``method``; ``on_response(broker_id,
+        resp)`` gets the protobuf response."""
         self.queue.put((method, request, on_response), timeout=self.timeout_s)
 
     def do_work(self, timeout_s: float = 0.5) -> bool:
@@ -60,7 +65,7 @@ class BrokerChannel:
     def _deliver(self, method: str, request, on_response) -> bool:
         while not self.stopped.is_set():
             try:
-                resp = getattr(self.stub, method)(request, timeout=self.timeout_s)
+                resp = self.calls[method](request, timeout=self.timeout_s)
                 self.failing = False
                 if on_response is not None:
                     on_response(self.broker_id, resp)

@@ -215,7 +215,45 @@ def test_controller_requests_survive_the_wire_field_by_field(cluster):
     for request in sent:
         method, wire = controller_rpc.encode(request)
         pb_type, to_plain = decode[method]
-        assert to_plain(pb_type.FromString(wire.SerializeToString())) == request
+        assert to_plain(pb_type.FromString(wire)) == request
+
+
+def _state_pb(s: M.PartitionRole) -> pb.PartitionState:
+    return pb.PartitionState(topic=s.topic, partition=s.partition, controller_epoch=s.controller_epoch,
+                             leader=s.leader, leader_epoch=s.leader_epoch, isr=s.isr, zk_version=s.zk_version,
+                             replicas=s.replicas)
+
+
+def test_requests_encoded_as_joined_entries_parse_as_protobuf_builds_them():
+    """The controller's requests are their other fields then their partitions' entries,
+    encoded by hand once each: they parse as the same message protobuf builds field by
+    field (negative leaders and versions, large epochs, an empty ISR, non-ASCII and
+    empty topic names), and encode to the same bytes."""
+    import random
+    rng = random.Random(16)
+    roles = tuple(M.PartitionRole(rng.choice(["t", "ü-topic", "", "x" * 200]), rng.choice([0, 1, 127, 128, 70000]),
+                                  rng.choice([-1, 0, 1, 300]), rng.choice([0, 5, 1 << 20, 2 ** 31 - 1]),
+                                  tuple(rng.sample([0, 1, 2, 3, -1, 500], rng.randint(0, 3))),
+                                  tuple(rng.sample([0, 1, 2, 3, 16384], rng.randint(0, 3))),
+                                  rng.choice([-1, 0, 7, 1 << 30]), rng.choice([0, 1, 9])) for _ in range(500))
+    live = (M.BrokerEndpoint(1, "h", 2, ("FLIGHT://h:3",), 1 << 40),)
+    topics = {"t": M.TopicInfo(SCHEMA, {"a": "b"}, "id", 3)}
+    lai = M.LeaderAndIsrRequest(1, 5, 1 << 40, roles, topics, live)
+    um = M.UpdateMetadataRequest(1, 5, roles, live, topics, ("gone",), True)
+    want_lai = pb.LeaderAndIsrRequest(controller_id=1, controller_epoch=5, broker_epoch=1 << 40,
+                                      partitions=[_state_pb(s) for s in roles],
+                                      live_leaders=controller_rpc.broker_endpoints_pb(live),
+                                      topics=controller_rpc.topic_infos_pb(topics))
+    want_um = pb.UpdateMetadataRequest(controller_id=1, controller_epoch=5, partitions=[_state_pb(s) for s in roles],
+                                       live_brokers=controller_rpc.broker_endpoints_pb(live),
+                                       topics=controller_rpc.topic_infos_pb(topics), deleted_topics=["gone"], full=True)
+    memo = controller_rpc.StateMemo()
+    for _ in range(2):   # the second time from the memo
+        assert pb.UpdateMetadataRequest.FromString(controller_rpc.encode(um, memo)[1]) == want_um
+        assert pb.LeaderAndIsrRequest.FromString(controller_rpc.encode(lai, memo)[1]) == want_lai
+    for s in roles:
+        entry = pb.UpdateMetadataRequest(partitions=[_state_pb(s)]).SerializeToString()
+        assert memo.get(s) == entry == controller_rpc.partition_states_wire((s,))
 
 
 def test_a_broker_answer_reaches_the_controller_as_a_plain_result():
@@ -231,7 +269,7 @@ def test_a_broker_answer_reaches_the_controller_as_a_plain_result():
 
 
 def test_the_channel_manager_encodes_a_broadcast_once_and_answers_in_plain_data():
-    class WireChannel:   # a BrokerChannel's interface: protobuf in, a protobuf answer to the callback
+    class WireChannel:   # a BrokerChannel's interface: serialized protobuf in, a protobuf answer to the callback
         def __init__(self, broker_id):
             self.broker_id, self.got = broker_id, []
 
@@ -251,12 +289,12 @@ def test_the_channel_manager_encodes_a_broadcast_once_and_answers_in_plain_data(
         manager.send(b, update)
     (m1, w1), = manager.channels[1].got
     (m2, w2), = manager.channels[2].got
-    assert m1 == m2 == "UpdateMetadata" and w1 is w2 and w1 == controller_rpc.update_metadata_pb(update)
+    assert m1 == m2 == "UpdateMetadata" and w1 is w2 and w1 == controller_rpc.update_metadata_wire(update)
     answers = []
     manager.send(2, M.StopReplicaRequest(5, 3, 0, True, (("t", 0),)), lambda b, r: answers.append((b, r)))
     assert manager.channels[2].got[-1] == ("StopReplica", pb.StopReplicaRequest(
         controller_id=5, controller_epoch=3, delete_partitions=True,
-        partitions=[pb.TopicPartitionRef(topic="t", partition=0)]))
+        partitions=[pb.TopicPartitionRef(topic="t", partition=0)]).SerializeToString())
     (b, result), = answers
     assert b == 2 and result.error is None and [(tp, e.code) for tp, e in result.partition_errors] == [
         (("t", 0), "KAFKA_STORAGE_ERROR")]
@@ -266,14 +304,14 @@ def test_the_channel_manager_encodes_a_broadcast_once_and_answers_in_plain_data(
     lai = M.LeaderAndIsrRequest(5, 3, 9, (r, M.PartitionRole("t", 1, 2, 0, (2,), (2,), 0, 3)))
     manager.send(1, lai)
     assert manager._states.encoded[id(r)][0] is r
-    assert manager.channels[1].got[-1] == ("LeaderAndIsr", controller_rpc.leader_and_isr_pb(lai))
+    assert manager.channels[1].got[-1] == ("LeaderAndIsr", controller_rpc.leader_and_isr_wire(lai))
     # a failed broker's new leaders go out first: the UpdateMetadata after their
     # LeaderAndIsr reuses the states it encoded (the memo keeps one generation back)
     moved = M.PartitionRole("t", 2, 1, 5, (1,), (1, 3), 8, 3)
     manager.send(1, M.LeaderAndIsrRequest(5, 3, 9, (moved,)))
-    first = manager.channels[1].got[-1][1].partitions[0]
+    first = pb.LeaderAndIsrRequest.FromString(manager.channels[1].got[-1][1]).partitions[0]
     manager.send(1, M.UpdateMetadataRequest(5, 3, (moved,)))
-    assert manager._states.previous[id(moved)][1] == first
-    assert manager.channels[1].got[-1] == ("UpdateMetadata", controller_rpc.update_metadata_pb(
+    assert pb.UpdateMetadataRequest.FromString(manager._states.previous[id(moved)][1]).partitions[0] == first
+    assert manager.channels[1].got[-1] == ("UpdateMetadata", controller_rpc.update_metadata_wire(
         M.UpdateMetadataRequest(5, 3, (moved,))))
     manager.channels = {}
