@@ -809,6 +809,32 @@ class _StateMulti(Transaction):
         out.append(multiheader_struct.pack(-1, True, -1))
         return b"".join(out)
 
+    @classmethod
+    def deserialize(cls, buf, offset):
+        """kazoo's answers (per op: True for the check, the ZnodeStat of a set, the
+        exception of an error), unrolled: this runs on kazoo's one connection thread
+        while the controller waits for the replies of 50,000 writes."""
+        results = []
+        append = results.append
+        head, head_size = multiheader_struct.unpack_from, multiheader_struct.size
+        unpack_stat, stat_size, make_stat = stat_struct.unpack_from, stat_struct.size, ZnodeStat._make
+        kind, done, _err = head(buf, offset)
+        offset += head_size
+        while not done:
+            if kind == SetData.type:
+                append(make_stat(unpack_stat(buf, offset)))
+                offset += stat_size
+            elif kind == CheckVersion.type:
+                append(True)
+            elif kind == -1:
+                append(EXCEPTIONS[int_struct.unpack_from(buf, offset)[0]]())
+                offset += int_struct.size
+            else:
+                raise ValueError(f"state multi: unexpected result type {kind}")
+            kind, done, _err = head(buf, offset)
+            offset += head_size
+        return results
+
 
 def state_multi_async(zk: KazooClient, check: tuple[str, int], sets: list[tuple[str, bytes, int]]):
     """One multi: check ``check`` = (path, version), then set each (path, data, version);
@@ -837,9 +863,17 @@ def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
     ok: dict[tuple[str, int], int] = {}
     failed: list[tuple[str, int]] = []
     pending = [items[i:i + MULTI_OPS_MAX] for i in range(0, len(items), MULTI_OPS_MAX)]
+    encoded: dict[LeaderAndIsr, bytes] = {}   # decided states repeat (shared objects): encode each value once
+
+    def to_json(state: LeaderAndIsr) -> bytes:
+        data = encoded.get(state)
+        if data is None:
+            data = encoded[state] = state.to_json()
+        return data
+
     while pending:
         inflight = [(chunk, state_multi_async(zk, (CONTROLLER_EPOCH, epoch_zk_version),
-                                              [(state_path(t, p), state.to_json(), version)
+                                              [(state_path(t, p), to_json(state), version)
                                                for (t, p), (state, version) in chunk]))
                     for chunk in pending]
         pending = []

@@ -136,3 +136,24 @@ def test_multi_read_replies_parse_data_missing_values_and_errors():
     assert isinstance(missing, NoNodeError) and d3 is None and tuple(s3) == stat
     with pytest.raises(ValueError, match="unexpected result type 5"):
         _MultiRead.deserialize(multiheader_struct.pack(5, False, 0) + struct.pack("!i", 0), 0)
+
+
+def test_state_multi_replies_parse_as_kazoos_transaction_does():
+    """The guarded writes' multi reply (check, sets, errors) parses as kazoo's own
+    Transaction parser gives it, on an unrolled path."""
+    from kazoo.protocol.serialization import Transaction, int_struct, multiheader_struct, stat_struct
+
+    from replikafka.broker.zk_store import _StateMulti
+
+    stats = [tuple(range(i, i + 11)) for i in (1, 20)]
+    ok = (b"--" + multiheader_struct.pack(13, False, 0) + multiheader_struct.pack(5, False, 0)
+          + stat_struct.pack(*stats[0]) + multiheader_struct.pack(5, False, 0) + stat_struct.pack(*stats[1])
+          + multiheader_struct.pack(-1, True, -1))
+    failed = (multiheader_struct.pack(-1, False, -2) + int_struct.pack(-2)
+              + multiheader_struct.pack(-1, False, -103) + int_struct.pack(-103)
+              + multiheader_struct.pack(-1, False, -2) + int_struct.pack(-2) + multiheader_struct.pack(-1, True, -1))
+    for buf, offset in ((ok, 2), (failed, 0)):
+        ours, theirs = _StateMulti.deserialize(buf, offset), Transaction.deserialize(buf, offset)
+        assert [type(r) for r in ours] == [type(r) for r in theirs] and len(ours) == 3
+        assert [r for r in ours if not isinstance(r, Exception)] == [r for r in theirs if not isinstance(r, Exception)]
+    assert [r.version for r in _StateMulti.deserialize(ok, 2)[1:]] == [stats[0][4], stats[1][4]]

@@ -100,3 +100,47 @@ def test_restarted_isr_members_groups_partitions_by_who_registered_after_the_wri
     assert D.restarted_isr_members(states, [2, 3], {2: 150, 3: 50}, written_at, deleting={"gone"}) == {
         frozenset({2}): {("t", 0): states[("t", 0)], ("t", 1): states[("t", 1)]}}
     assert D.assignments_of({"t": {0: [1, 2, 3], 1: [2, 3, 1]}}, [("t", 1)]) == {"t": {1: [2, 3, 1]}}
+
+
+def test_broker_change_decisions_equal_each_partitions_own_and_are_shared_between_equal_inputs():
+    """Each partition is decided as elect_leader / remove_from_isr decide it alone (random
+    states, replica orders, dead brokers, unclean per topic, brokers to avoid), while equal
+    inputs are decided once: at 50,000 partitions they take tens of values."""
+    import random
+    rng = random.Random(8)
+    for _ in range(50):
+        brokers = list(range(1, rng.randint(2, 6)))
+        live = set(rng.sample(brokers, rng.randint(0, len(brokers))))
+        avoid = set(rng.sample(sorted(live), rng.randint(0, len(live)))) if live else set()
+        unclean = {t: rng.random() < 0.5 for t in "abc"}
+        assignments, states = {}, {}
+        for t in "abc":
+            assignments[t] = {}
+            for p in range(rng.randint(0, 40)):
+                replicas = rng.sample(brokers, rng.randint(1, len(brokers)))
+                assignments[t][p] = replicas
+                if rng.random() < 0.9:
+                    isr = tuple(b for b in replicas if rng.random() < 0.7)
+                    leader = rng.choice(list(isr) + [D.NO_LEADER]) if isr else D.NO_LEADER
+                    states[(t, p)] = LeaderAndIsr(leader, rng.randint(0, 2), isr, 1)
+        asked = []
+        out = D.on_brokers_changed(assignments, states, live, 5, lambda t: asked.append(t) or unclean[t], avoid)
+        want = {}
+        for t, parts in assignments.items():
+            for p, replicas in parts.items():
+                cur = states.get((t, p))
+                if cur is None:
+                    continue
+                if cur.leader == D.NO_LEADER or cur.leader not in live:
+                    e = D.elect_leader(replicas, cur, live, 5, unclean[t], avoid)
+                else:
+                    s = D.remove_from_isr(cur, set(cur.isr) - live, 5)
+                    e = None if s is None else D.Election(s)
+                if e is not None:
+                    want[(t, p)] = e
+        assert out == want
+        assert len(asked) == len(set(asked))        # each topic's setting asked once at most
+        by_input: dict = {}
+        for tp, e in out.items():
+            key = (states[tp], tuple(assignments[tp[0]][tp[1]]), unclean[tp[0]])
+            assert by_input.setdefault(key, e) is e  # equal inputs: one shared decision
