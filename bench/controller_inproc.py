@@ -58,7 +58,7 @@ class _Lines(logging.Handler):
 def child(args) -> None:
     """One process per code version: set up (or reuse) the states, then run rounds on command."""
     if args.root:
-        _load_from(args.root)
+        _load_from(args.root[0])
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     from kazoo.client import KazooClient
     from replikafka.broker import zk_store as Z
@@ -104,7 +104,7 @@ def child(args) -> None:
     zk_hosts, chroot, n = args.zk, args.chroot, args.partitions
 
     def client(read_only=False):
-        zk = KazooClient(hosts=zk_hosts + chroot, timeout=30)
+        zk = KazooClient(hosts=zk_hosts + chroot, timeout=60)
         zk.start()
         return zk
 
@@ -124,7 +124,7 @@ def child(args) -> None:
     for b in (1, 2, 3):
         register(b)
     schema = R.schema_to_bytes(R.stored_schema(R.KAFKA_SCHEMA))
-    if not admin.exists(Z.topic_path("scale")):
+    if not admin.retry(admin.exists, Z.topic_path("scale")):
         assignment = C.random_assignment(n, 3, [1, 2, 3])
         store.create_topic("scale", assignment, schema, {"topic.id": "x"})
         boot = C.Controller(1, Z.ZkStore(regs[1]))
@@ -133,8 +133,7 @@ def child(args) -> None:
         while boot.do_work():
             pass
         boot.active = False
-        admin.delete(Z.CONTROLLER)
-    assignment = store.get_assignment("scale")
+    assignment = admin.retry(store.get_assignment, "scale")
     tps = [("scale", p) for p in sorted(assignment)]
     # The states every round starts from: the preferred replica leads, all in sync.
     initial = {tp: Z.LeaderAndIsr(assignment[tp[1]][0], 0, tuple(assignment[tp[1]]), 1) for tp in tps}
@@ -143,10 +142,11 @@ def child(args) -> None:
         for b in (1, 2, 3):   # first: a registration newer than a state is a restarted ISR member
             if b not in regs:
                 register(b)
-        cur = store.get_partition_states(tps)
-        store.update_partition_states([(t, p, initial[(t, p)], cur[(t, p)][1]) for t, p in tps])
-        if admin.exists(Z.CONTROLLER):
-            admin.delete(Z.CONTROLLER)
+        cur = admin.retry(store.get_partition_states, tps)
+        _epoch, version = admin.retry(store.controller_epoch)
+        Z.guarded_state_writes(admin, version, {tp: (initial[tp], cur[tp][1]) for tp in tps})
+        if admin.retry(admin.exists, Z.CONTROLLER):
+            admin.retry(admin.delete, Z.CONTROLLER)
 
     def new_controller(b):
         c = C.Controller(b, Z.ZkStore(regs[b]))
@@ -163,6 +163,7 @@ def child(args) -> None:
         wire_s, wire_n = c.channels.wire()
         return total, wire_s, wire_n, list(lines.lines)
 
+    print("ready", flush=True)
     for line in sys.stdin:
         what = line.strip()
         if what == "quit":
@@ -208,9 +209,14 @@ def main() -> None:
         child(args)
         return
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-    from zk_harness import connected_client, new_chroot, start_test_zookeeper
+    from zk_harness import TEST_ZK_PROPERTIES, connected_client, new_chroot
+    from replikafka.zookeeper_server import DEFAULT_JVM_OPTS, ZooKeeperServer
     with tempfile.TemporaryDirectory() as d:
-        server = start_test_zookeeper(d)
+        # A larger heap than the default 256 MB: one chroot per code version holds N
+        # partitions' znodes, and 256 MB ran out with two of 50,000.
+        server = ZooKeeperServer(port=0, data_dir=d, properties=TEST_ZK_PROPERTIES, die_with_parent=True,
+                                 jvm_opts=("-Xmx1g",) + tuple(o for o in DEFAULT_JVM_OPTS if not o.startswith("-Xmx")))
+        server.start(timeout_s=60)
         try:
             hosts = f"{server.host}:{server.port}"
             admin = connected_client(hosts)
@@ -221,6 +227,7 @@ def main() -> None:
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", "--zk", hosts, "--chroot", chroot,
                        "--partitions", str(args.partitions)] + (["--root", root] if root else [])
                 procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+                assert procs[-1].stdout.readline().strip() == "ready"   # set up one at a time
             for r in range(args.rounds):
                 for scenario in args.scenarios.split(","):
                     for root, p in zip(roots, procs):

@@ -25,6 +25,12 @@ Figures, each with a baseline measured in the same run where one exists:
   run that reaches the bound reports how many ISRs were still short and goes on;
 * controller failover: the new controller's load + resend of N partitions.
 
+REPLIKAFKA_BENCH_SKIP_SIGTERM_RESTART=1 leaves out the restart after SIGTERM and
+its ISR wait (for a run after the failover rows alone; the victim then leads its
+third since the topic's creation); set REPLIKAFKA_BENCH_ISR_WAIT_S low with it to
+shorten the other ISR waits. The restart after SIGKILL stays: the controller
+failover needs the three brokers back.
+
 Leaders and ISRs are read from Metadata alone (``ClusterMetadata``), never with
 describe_topic's ListOffsets of every partition, which loaded the brokers it polled.
 """
@@ -42,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 import replikafka
-from bench.replication_bench import _first_line, _wait
+from bench.replication_bench import _first_line, _log_time, _wait
 from replikafka.client.connection import ConnectionPool, parse_bootstrap
 from replikafka.client.metadata import ClusterMetadata
 from replikafka.errors import RequestTimedOutError
@@ -61,6 +67,8 @@ POLL_S = 2.0
 #: Where the brokers' logs are copied when the run ends (unset: not kept): the controller's
 #: and brokers' log lines give each failover's phases.
 LOGS_DIR = os.environ.get("REPLIKAFKA_BENCH_LOGS_DIR", "")
+#: Leave out the restart after SIGTERM (module docstring).
+SKIP_SIGTERM_RESTART = os.environ.get("REPLIKAFKA_BENCH_SKIP_SIGTERM_RESTART", "") == "1"
 _CHANNEL_OPTS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
 
 
@@ -126,7 +134,22 @@ def _wait_isr_full(md: ClusterMetadata, since: float, bound_s: float) -> tuple[f
 
 
 #: A broker's log line once it handled a LeaderAndIsr (replica_manager.leader_and_isr).
-_HANDLED_LEADER_AND_ISR = r"LeaderAndIsr from controller \d+ \(epoch \d+\): \d+ partitions in"
+_HANDLED_LEADER_AND_ISR = r"LeaderAndIsr from controller \d+ \(epoch \d+\): (\d+) partitions in"
+
+
+def _handled_partitions(cluster: LocalCluster, broker_id: int, n: int, after: float) -> float | None:
+    """When the broker's log says it handled LeaderAndIsrs carrying n partitions in all
+    since ``after``: the controller sends a failed broker's new leaders batch by batch,
+    each as soon as it is written (the ISR departures after them all)."""
+    seen = 0
+    with open(cluster.log_path(broker_id), errors="replace") as f:
+        for line in f:
+            m = re.search(_HANDLED_LEADER_AND_ISR, line)
+            if m and line[:4].isdigit() and _log_time(line) >= after:
+                seen += int(m.group(1))
+                if seen >= n:
+                    return _log_time(line)
+    return None
 
 
 def _took_up(cluster: LocalCluster, broker_id: int, n: int, after: float) -> float | None:
@@ -269,14 +292,15 @@ def run() -> list[dict]:
         row("broker RSS per 10,000 replicas", (rss - empty_rss) / n * 10_000 / 2**20, "MiB")
         row("broker open fds per 10,000 replicas", (fds - empty_fds) / n * 10_000, "fds")
 
-        # Restart after SIGTERM (controlled shutdown, clean-shutdown marker).
-        t = time.time()
-        cluster.stop_broker(victim, timeout_s=600)
-        row(f"SIGTERM -> exited, {n} replicas", time.time() - t, "s")
-        serving = _restart(cluster, victim, n)
-        row(f"restart after SIGTERM -> serving {n} replicas", serving, "s", empty_start)
-        isr_rows("after the SIGTERM restart: serving -> every ISR full",
-                 *_wait_isr_full(md, cluster.launched_ms[victim] / 1000 + serving, ISR_WAIT_S))
+        if not SKIP_SIGTERM_RESTART:
+            # Restart after SIGTERM (controlled shutdown, clean-shutdown marker).
+            t = time.time()
+            cluster.stop_broker(victim, timeout_s=600)
+            row(f"SIGTERM -> exited, {n} replicas", time.time() - t, "s")
+            serving = _restart(cluster, victim, n)
+            row(f"restart after SIGTERM -> serving {n} replicas", serving, "s", empty_start)
+            isr_rows("after the SIGTERM restart: serving -> every ISR full",
+                     *_wait_isr_full(md, cluster.launched_ms[victim] / 1000 + serving, ISR_WAIT_S))
         # Put the victim back at the head of its partitions so it leads a third.
         admin_led = lambda: [p for p, i in _partitions(md).items() if i.leader == victim]
         if not admin_led():
@@ -297,11 +321,11 @@ def run() -> list[dict]:
         cluster.kill(victim)
         noticed = _wait(lambda: _first_line(cluster, controller, rf"brokers \[{victim}\] failed", killed_at - 1),
                         60, "the controller noticing")[0]
-        # Every new leader is in place once each survivor has handled the LeaderAndIsr
-        # that failover sent it (its log line's time): a metadata read of the whole
-        # topic takes seconds at this size, too coarse to time it by polling.
-        handled = [_wait(lambda b=b: _first_line(cluster, b, _HANDLED_LEADER_AND_ISR, noticed), 600,
-                         f"broker {b} to handle the failover's LeaderAndIsr")[0] for b in survivors]
+        # Every new leader is in place once each survivor has handled the LeaderAndIsrs
+        # that failover sent it, every partition the victim led (its log lines' times): a
+        # metadata read of the whole topic takes seconds at this size, too coarse to poll.
+        handled = [_wait(lambda b=b: _handled_partitions(cluster, b, len(led) + alone, noticed), 600,
+                         f"broker {b} to handle the failover's LeaderAndIsrs") for b in survivors]
         # The writes start at once, as a producer's retries would: a round skips the partitions
         # the metadata still gives the dead leader and the next round (0.1 s on) retries them
         # (polling the metadata every POLL_S for all new leaders first added up to 2 s).
