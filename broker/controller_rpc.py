@@ -99,8 +99,10 @@ class StateMemo:
                 _int_field(b"\x18", s.controller_epoch), _int_field(b"\x20", s.leader),
                 _int_field(b"\x28", s.leader_epoch), _packed_field(b"\x32", s.isr),
                 _int_field(b"\x38", s.zk_version), _packed_field(b"\x42", s.replicas)))
-        body = topic + _int_field(b"\x10", s.partition) + role
-        return _PARTITIONS_TAG + varint(len(body)) + body
+        p = s.partition
+        body = topic + (b"\x10" + (_SMALL_VARINTS[p] if 0 <= p < 16384 else _varint(p)) if p else b"") + role
+        n = len(body)
+        return _PARTITIONS_TAG + (_SMALL_VARINTS[n] if n < 16384 else _varint(n)) + body
 
 
 def partition_states_wire(roles: tuple[M.PartitionRole, ...], memo: StateMemo | None = None) -> bytes:

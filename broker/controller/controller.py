@@ -1011,9 +1011,10 @@ class Controller:
         ctx = self.ctx
         per_broker: dict[int, list[M.PartitionRole]] = {}
         built: dict[TP, M.PartitionRole | None] = {}
-        wanted = set(tps)
+        wanted = dict.fromkeys(tps)   # in the order given: mostly sorted already, which sorts in one pass
         for b in extra_brokers:
-            wanted |= {(t, p) for t, m in ctx.topics.items() for p, r in m.assignment.items() if b in r}
+            wanted.update(dict.fromkeys((t, p) for t, m in ctx.topics.items() for p, r in m.assignment.items()
+                                        if b in r))
         for tp in sorted(wanted):   # a request lists its partitions in one order, run after run
             if tp[0] in ctx.deleting:
                 continue
