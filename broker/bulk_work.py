@@ -9,6 +9,16 @@ frees what is not in a cycle, and the first collection after the work finds
 the cycles made meanwhile. The pause lasts one bulk operation, so the garbage
 it can hold is bounded by what that operation allocates.
 
+When the last thread leaves after a bulk operation made at least a quarter as
+many objects as the oldest generation holds (loading every log at start-up,
+a first LeaderAndIsr naming every partition), one full collection runs there
+and then. Left to itself the collector would walk those young objects three
+times: a generation-0 collection, a generation-1 one soon after, and a full
+one (which the quarter rule makes due). Each walk holds the GIL throughout:
+after loading 5,000 logs from their files the three took 1.6, 0.5 and 0.9 s
+(load 20), and at 50,000 such pauses starved the ZooKeeper heartbeats of a
+restarting broker until its connection dropped.
+
 Thread-safety: thread-safe. The collector is process-wide: it is paused while
 any thread is inside ``paused_gc()`` and resumed when the last one leaves (and
 only if it was enabled when the first one entered).
@@ -22,6 +32,19 @@ import threading
 _lock = threading.Lock()
 _inside = 0             # threads inside paused_gc()
 _was_enabled = False    # the collector's state when the first of them entered
+#: Young objects below which leaving a pause never collects (counting the old
+#: generation costs a pass over it: not worth it after a small operation).
+BULK_COLLECT_MIN_OBJECTS = 10_000
+
+
+def _collect_if_bulk() -> bool:
+    """One full collection if the young objects are at least a quarter of the oldest
+    generation (module doc); True if it ran."""
+    young = gc.get_count()[0]
+    if young < BULK_COLLECT_MIN_OBJECTS or young * 4 < len(gc.get_objects(generation=2)):
+        return False
+    gc.collect()
+    return True
 
 
 @contextlib.contextmanager
@@ -38,4 +61,5 @@ def paused_gc():
         with _lock:
             _inside -= 1
             if _inside == 0 and _was_enabled:
+                _collect_if_bulk()
                 gc.enable()

@@ -47,3 +47,45 @@ def test_a_collector_that_was_off_stays_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def _collections_during(work) -> list[int]:
+    """The generations collected while `work` runs."""
+    seen: list[int] = []
+
+    def cb(phase, info):
+        if phase == "stop":
+            seen.append(info["generation"])
+    gc.collect()
+    gc.callbacks.append(cb)
+    try:
+        work()
+    finally:
+        gc.callbacks.remove(cb)
+    return seen
+
+
+def test_a_bulk_pause_ends_in_one_full_collection_and_a_small_one_in_none():
+    made = []
+
+    def bulk():
+        with paused_gc():
+            made.extend(_Cycle() for _ in range(max(20_000, len(gc.get_objects(generation=2)))))
+        made.clear()                # garbage cycles: only a collection frees them
+        assert gc.get_count()[0] < 1_000, "the young objects were collected on leaving"
+
+    seen = _collections_during(bulk)
+    # Left to the collector, the first collection after the pause is a generation-0
+    # one walking every object the pause made (then a generation-1 and a full one).
+    assert seen and seen[0] == 2, seen
+
+    def small():
+        with paused_gc():
+            made.extend(_Cycle() for _ in range(100))
+
+    assert _collections_during(small) == []
