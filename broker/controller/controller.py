@@ -309,10 +309,11 @@ class Controller:
         tps = [(t, p) for t, m in ctx.topics.items() for p in m.assignment]
         written_at: dict[TP, int] = {}
         ctx.states = self.store.get_partition_states(tps, mzxids=written_at)
-        for tp, (s, _v) in ctx.states.items():   # as loaded, like Kafka's initializePartitionState
-            ctx.partition_states.initialize(tp, PS.ONLINE if s.leader in ctx.live else PS.OFFLINE)
-            for b in ctx.topics[tp[0]].assignment[tp[1]]:
-                ctx.replica_states.initialize((tp, b), RS.ONLINE if b in ctx.live else RS.OFFLINE)
+        live = ctx.live                          # as loaded, like Kafka's initializePartitionState
+        ctx.partition_states.initialize_many((tp, PS.ONLINE if s.leader in live else PS.OFFLINE)
+                                             for tp, (s, _v) in ctx.states.items())
+        ctx.replica_states.initialize_many(((tp, b), RS.ONLINE if b in live else RS.OFFLINE)
+                                           for tp in ctx.states for b in ctx.topics[tp[0]].assignment[tp[1]])
         missing = [tp for tp in tps if tp not in ctx.states]
         if missing:
             self._create_states(missing)

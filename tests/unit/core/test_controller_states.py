@@ -59,3 +59,25 @@ def test_a_replica_deleted_and_back():
     assert sm.state(r) == R.NEW
     with pytest.raises(E.IllegalStateTransitionError):
         sm.transition([r], R.DELETION_STARTED)
+
+
+def test_loading_and_moving_many_keys_at_once_is_as_one_at_a_time():
+    """initialize_many / transition over many keys (a failover's 50,000 partitions) leave
+    the same states as initialize / transition key by key, the initial state included
+    (it is not stored)."""
+    import random
+    rng = random.Random(3)
+    for _ in range(20):
+        pairs = [(k, rng.choice(list(R))) for k in rng.sample(range(100), 60)]
+        bulk = StateMachine("replica", REPLICA_TRANSITIONS, R.NON_EXISTENT)
+        one = StateMachine("replica", REPLICA_TRANSITIONS, R.NON_EXISTENT)
+        bulk.initialize_many(pairs)
+        for k, s in pairs:
+            one.initialize(k, s)
+        assert bulk.states == one.states and R.NON_EXISTENT not in bulk.states.values()
+        to = rng.choice(list(R))
+        movable = [k for k, s in pairs if s in REPLICA_TRANSITIONS[to]]
+        bulk.transition(movable, to)
+        for k in movable:
+            one.transition([k], to)
+        assert bulk.states == one.states and all(bulk.state(k) is to for k in movable)
