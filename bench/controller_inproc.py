@@ -17,7 +17,9 @@ older commit with this one in one driver, rounds interleaved. Usage::
 
     python bench/controller_inproc.py --partitions 50000 --rounds 3 [--root /work/wt-old ...]
 
-Prints one line per round and scenario: phases in seconds and the 1-minute load.
+Prints one line per round and scenario: phases in seconds (wall), the event's CPU
+seconds in this process (every thread: the event thread and kazoo's) and in
+ZooKeeper, and the 1-minute load. On a shared machine the CPU figures vary less.
 """
 from __future__ import annotations
 
@@ -153,13 +155,23 @@ def child(args) -> None:
         c.channels = KeepingChannels()
         return c
 
+    def zk_cpu() -> float:
+        if not args.zk_pid:
+            return 0.0
+        with open(f"/proc/{args.zk_pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    cpu = {}
+
     def run_event(c, event):
         lines.lines.clear()
         c.enqueue(event)
-        t = time.perf_counter()
+        t, p, z = time.perf_counter(), time.process_time(), zk_cpu()
         while c.do_work():
             pass
         total = time.perf_counter() - t
+        cpu.update(cpu_s=time.process_time() - p, zk_cpu_s=zk_cpu() - z)
         wire_s, wire_n = c.channels.wire()
         return total, wire_s, wire_n, list(lines.lines)
 
@@ -192,6 +204,7 @@ def child(args) -> None:
                    "new_leaders": int(m.group(2)), "wire": wire_s, "wire_mb": wire_n / 1e6}
         c.active = False
         c.channels.close()
+        out.update(cpu)
         print(json.dumps(out), flush=True)
 
 
@@ -204,6 +217,8 @@ def main() -> None:
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--zk", default="")
     ap.add_argument("--chroot", default="")
+    ap.add_argument("--zk-pid", type=int, default=0)
+    ap.add_argument("--zk-full-jit", action="store_true", help="ZooKeeper without -XX:TieredStopAtLevel=1")
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -214,8 +229,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         # A larger heap than the default 256 MB: one chroot per code version holds N
         # partitions' znodes, and 256 MB ran out with two of 50,000.
+        jvm = ("-Xmx1g",) + tuple(o for o in DEFAULT_JVM_OPTS if not o.startswith("-Xmx")
+                                  and not (args.zk_full_jit and o.startswith("-XX:TieredStopAtLevel")))
         server = ZooKeeperServer(port=0, data_dir=d, properties=TEST_ZK_PROPERTIES, die_with_parent=True,
-                                 jvm_opts=("-Xmx1g",) + tuple(o for o in DEFAULT_JVM_OPTS if not o.startswith("-Xmx")))
+                                 jvm_opts=jvm)
         server.start(timeout_s=60)
         try:
             hosts = f"{server.host}:{server.port}"
@@ -225,6 +242,7 @@ def main() -> None:
             for root in roots:
                 chroot = new_chroot(admin, "ctl")
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", "--zk", hosts, "--chroot", chroot,
+                       "--zk-pid", str(server.pid or 0),
                        "--partitions", str(args.partitions)] + (["--root", root] if root else [])
                 procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
                 assert procs[-1].stdout.readline().strip() == "ready"   # set up one at a time
