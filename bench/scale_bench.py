@@ -139,8 +139,8 @@ _HANDLED_LEADER_AND_ISR = r"LeaderAndIsr from controller \d+ \(epoch \d+\): (\d+
 
 def _handled_partitions(cluster: LocalCluster, broker_id: int, n: int, after: float) -> float | None:
     """When the broker's log says it handled LeaderAndIsrs carrying n partitions in all
-    since ``after``: the controller sends a failed broker's new leaders batch by batch,
-    each as soon as it is written (the ISR departures after them all)."""
+    since ``after`` (one request, or several if the controller splits them; the ISR
+    departures come after the new leaders)."""
     seen = 0
     with open(cluster.log_path(broker_id), errors="replace") as f:
         for line in f:

@@ -851,15 +851,12 @@ class ControllerMovedError(Exception):
 
 
 def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
-                         updates: dict[tuple[str, int], tuple[LeaderAndIsr, int]], on_written=None
+                         updates: dict[tuple[str, int], tuple[LeaderAndIsr, int]]
                          ) -> tuple[dict[tuple[str, int], int], list[tuple[str, int]]]:
     """Write many partition states as ZooKeeper ``multi``s of at most MULTI_OPS_MAX
     ops, each guarded by a check of the controller-epoch znode version, all
     chunks pipelined. Returns ({tp: new version}, [tps whose version did not
-    match]); raises ControllerMovedError if the epoch guard failed.
-    ``on_written({tp: new version})`` is called with each multi that succeeded, as
-    its answer arrives (the others are still in flight): what it was given is
-    written under this controller's epoch."""
+    match]); raises ControllerMovedError if the epoch guard failed."""
     from kazoo.exceptions import RolledBackError, RuntimeInconsistency
 
     items = list(updates.items())
@@ -891,10 +888,8 @@ def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
             bad = [tp for (tp, _), r in zip(chunk, results[1:])
                    if isinstance(r, Exception) and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
             if not bad:
-                written = {tp: stat.version for (tp, _), stat in zip(chunk, results[1:])}
-                ok.update(written)
-                if on_written is not None:
-                    on_written(written)
+                for (tp, _), stat in zip(chunk, results[1:]):
+                    ok[tp] = stat.version
                 continue
             failed.extend(bad)
             rest = [(tp, u) for tp, u in chunk if tp not in bad]

@@ -391,15 +391,12 @@ class Controller:
         # get new ones, written and sent to their replicas (LeaderAndIsr, then metadata)
         # before the dead brokers leave the ISRs of partitions whose leader lives. A dead
         # broker is in most ISRs: those writes and roles no longer delay the new leaders.
-        # Each batch of new leaders goes out as soon as ZooKeeper has it (the brokers
-        # take up the first while the next are written), never before.
-        def announce_leaders(tps: list[TP]) -> None:
-            built = self._send_leader_and_isr(tps, skip=new)
-            self._send_update_metadata(change.changes_to(live), tps, prebuilt=built)
-
-        moved = self._elect_offline_passes(passes, leaders_only=True, on_written=announce_leaders)
+        moved = self._elect_offline_passes(passes, leaders_only=True)
         self._sync_partition_states(moved + [tp for tp, (s, _v) in ctx.states.items()
                                              if s.leader in dead or s.leader in bounced])
+        if moved:
+            built = self._send_leader_and_isr(moved, skip=new)
+            self._send_update_metadata(change.changes_to(live), moved, prebuilt=built)
         leaders_s = time.monotonic() - started
         led = set(moved)
         shrunk = [tp for tp in self._elect_offline_passes(passes) if tp not in led]
@@ -423,17 +420,16 @@ class Controller:
         if ctx.reassigning:
             self._advance_reassignments(list(ctx.reassigning))
 
-    def _elect_offline_passes(self, passes, leaders_only: bool = False, on_written=None) -> list[TP]:
+    def _elect_offline_passes(self, passes, leaders_only: bool = False) -> list[TP]:
         """``_elect_offline`` once per set of brokers to exclude, in order; each partition once."""
         done: dict[TP, None] = {}
         for exclude in passes:
-            done.update(dict.fromkeys(self._elect_offline(exclude, leaders_only, on_written)))
+            done.update(dict.fromkeys(self._elect_offline(exclude, leaders_only)))
         return list(done)
 
-    def _elect_offline(self, exclude=frozenset(), leaders_only: bool = False, on_written=None) -> list[TP]:
+    def _elect_offline(self, exclude=frozenset(), leaders_only: bool = False) -> list[TP]:
         """Elect leaders for partitions without a live leader, take dead followers out of ISRs
-        (``leaders_only``: not yet). Brokers in ``exclude`` count as dead for this pass.
-        ``on_written``: as :meth:`_guarded_round`'s."""
+        (``leaders_only``: not yet). Brokers in ``exclude`` count as dead for this pass."""
         ctx = self.ctx
         current = {tp: s for tp, (s, _v) in ctx.states.items() if tp[0] not in ctx.deleting}
         assignments = {t: m.assignment for t, m in ctx.topics.items() if t not in ctx.deleting}
@@ -447,8 +443,7 @@ class Controller:
                 log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
                           "records acknowledged but not on it are LOST",
                           tp[0], tp[1], e.state.leader, list(current[tp].isr))
-        return self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - set(exclude),
-                                  on_written=on_written)
+        return self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - set(exclude))
 
     def _elect_restarted_since_written(self, written_at: dict[TP, int]) -> list[TP]:
         """Failover's view of bounced brokers: an ISR member registered (czxid) after its
@@ -480,18 +475,16 @@ class Controller:
         v = self.ctx.topics[topic].config.get("unclean.leader.election.enable")
         return self.unclean_default if v is None else v.lower() == "true"
 
-    def _write_states(self, new: dict[TP, LeaderAndIsr], live: set[int], rounds: int = 5,
-                      on_written=None) -> list[TP]:
+    def _write_states(self, new: dict[TP, LeaderAndIsr], live: set[int], rounds: int = 5) -> list[TP]:
         """Guarded, batched writes; re-read and re-decide partitions whose znode moved,
         with the same ``live`` brokers the first decision had (a bounced broker stays
-        excluded: a leader's concurrent ISR write must not undo its demotion).
-        ``on_written``: as :meth:`_guarded_round`'s."""
+        excluded: a leader's concurrent ISR write must not undo its demotion)."""
         ctx = self.ctx
         done: list[TP] = []
         for _ in range(rounds):
             if not new:
                 break
-            ok, fresh = self._guarded_round(new, "", on_written)
+            ok, fresh = self._guarded_round(new, "")
             done += ok
             if not fresh:
                 break
@@ -592,26 +585,18 @@ class Controller:
             self._advance_reassignments(waiting)
 
     # ------------------------------------------------------------ admin operations: shared plumbing
-    def _guarded_round(self, new: dict[TP, LeaderAndIsr], why: str, on_written=None
+    def _guarded_round(self, new: dict[TP, LeaderAndIsr], why: str
                        ) -> tuple[list[TP], dict[TP, tuple[LeaderAndIsr, int]]]:
         """One round of guarded, batched state writes: the written partitions, and the
-        fresh states of those whose znode had moved (re-read into the context).
-        ``on_written(tps)``: called with each batch once it is written (and in the
-        context), while later batches are still on their way: what it sends overlaps
-        the rest of the writes, and nothing is sent before its state is written."""
+        fresh states of those whose znode had moved (re-read into the context)."""
         if not new:
             return [], {}
         ctx = self.ctx
         updates = {tp: (s, ctx.states[tp][1]) for tp, s in new.items()}
-
-        def written(versions: dict[TP, int]) -> None:
-            self.stats.elections((ctx.states[tp][0].leader for tp in versions), (new[tp].leader for tp in versions))
-            for tp, version in versions.items():
-                ctx.states[tp] = (new[tp], version)
-            if on_written is not None:
-                on_written(list(versions))
-
-        ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates, on_written=written)
+        ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates)
+        self.stats.elections((ctx.states[tp][0].leader for tp in ok), (new[tp].leader for tp in ok))
+        for tp, version in ok.items():
+            ctx.states[tp] = (new[tp], version)
         if state_change_log.enabled():  # one record for the batch (a line per partition)
             suffix = f" ({why})" if why else ""
             state_change_log.log_lines([f"controller {self.broker_id} epoch {ctx.epoch}: {tp[0]}-{tp[1]} -> "

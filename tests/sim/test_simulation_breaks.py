@@ -14,7 +14,7 @@ from replikafka.broker.replica.leader_epoch_truncation import Truncate
 from sim_cluster import InvariantChecker, InvariantViolation
 from test_simulation import run_seed
 
-NO_FETCHER_DEMOTION_SEEDS = (17, 22, 34)
+NO_FETCHER_DEMOTION_SEEDS = (22, 31, 40)
 HW_TRUNCATION_SEEDS = (52, 194)
 
 

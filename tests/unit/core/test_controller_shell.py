@@ -129,44 +129,6 @@ def test_a_broker_failure_moves_its_leaderships_and_tells_the_survivors(cluster)
     assert cluster.channels.live == {1: ("h1", 9001), 2: ("h2", 9002)}
 
 
-def test_a_broker_failures_new_leaders_go_out_batch_by_batch_each_once_written(cluster, monkeypatch):
-    """At scale the new leaders are written in many multis: each batch's LeaderAndIsr and
-    metadata go out as soon as that multi is written (the brokers take up the first
-    while the next are written), and never before: at each send ZooKeeper holds every
-    state the request carries, at its version. One partition's znode moved behind the
-    controller's back: its multi fails, the rest of that batch is written again, and
-    the moved one is re-read and decided again before it is sent."""
-    monkeypatch.setattr(Z, "MULTI_OPS_MAX", 3)            # the epoch check and two states a multi
-    cluster.store.create_topic("big", {p: [3, 1, 2] for p in range(7)}, SCHEMA, {"topic.id": "y"})
-    cluster.run()
-    cluster.channels.take()
-    data, stat = cluster.zks[2].get(Z.state_path("big", 3))
-    cluster.zks[2].set(Z.state_path("big", 3), data, version=stat.version)   # as a leader's ISR write would
-    sent_while: list[tuple[int, object, bool]] = []
-    recording_send = cluster.channels.send
-
-    def send(broker, request, on_response=None):
-        in_zk = all(cluster.store.get_partition_state(s.topic, s.partition)
-                    == (Z.LeaderAndIsr(s.leader, s.leader_epoch, s.isr, s.controller_epoch), s.zk_version)
-                    for s in getattr(request, "partitions", ()))
-        sent_while.append((broker, request, in_zk))
-        recording_send(broker, request, on_response)
-
-    cluster.channels.send = send
-    cluster.server.expire(cluster.zks[3].session_id)      # broker 3, leading all of "big" and t-0, dies
-    cluster.run()
-    assert all(in_zk for _b, _r, in_zk in sent_while)
-    leader_batches = [r for b, r, _ in sent_while if b == 1 and isinstance(r, M.LeaderAndIsrRequest)
-                      and any(s.leader == 1 and s.leader_epoch == 1 for s in r.partitions)]
-    assert len(leader_batches) >= 4                       # 8 new leaders, two a multi
-    moved = {s.tp: s for r in leader_batches for s in r.partitions}
-    assert set(moved) == {("big", p) for p in range(7)} | {("t", 0)}
-    assert moved[("big", 3)].zk_version == 2 and moved[("big", 0)].zk_version == 1
-    # each batch's metadata follows its LeaderAndIsrs, before the next batch's
-    kinds = [type(r).__name__[0] for b, r, _ in sent_while if b == 2]
-    assert kinds[:4] == ["L", "U", "L", "U"]
-
-
 def test_a_new_controller_writes_what_the_dead_broker_changes_then_sends_the_full_state(cluster):
     """The controller's broker dies; broker 2's controller takes over. Before anything is
     sent, the partition 1 led gets its new leader and 1 leaves the other's ISR (both
