@@ -169,7 +169,8 @@ class EntryFile:
         fsync_path(self.path)
 
     def close(self) -> None:
-        self.write_pending()
+        if self._entries_state is not None:   # a lazy index never read has nothing pending:
+            self.write_pending()              # closing it must not read it (2 files a log)
         self._close_fd()
 
     def _close_fd(self) -> None:
