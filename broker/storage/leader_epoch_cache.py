@@ -47,6 +47,11 @@ class LeaderEpochFileCache:
         self.path = path
         self._lock = threading.Lock()
         self._entries: list[EpochEntry] = self._load() if entries is None else [EpochEntry(*e) for e in entries]
+        # What the file holds: a change that ends where it began (a crashed log's load
+        # drops the entries past where its scan starts and re-assigns the same ones
+        # from the batches) is not written again. Before, the first flush or the
+        # close of every log recovered after a crash rewrote and fsynced this file.
+        self._on_disk = list(self._entries)
         self._dirty = False
 
     # ---- file ------------------------------------------------------------------
@@ -78,14 +83,21 @@ class LeaderEpochFileCache:
         lines = [str(_VERSION), str(len(self._entries))]
         lines += [f"{e.epoch} {e.start_offset}" for e in self._entries]
         atomic_write_bytes(self.path, ("\n".join(lines) + "\n").encode(), sync_dir=sync_dir)
+        self._on_disk = list(self._entries)
         self._dirty = False
+
+    def _changed(self) -> bool:
+        """Under the lock: the entries differ from the file's."""
+        if self._dirty and self._entries == self._on_disk:
+            self._dirty = False
+        return self._dirty
 
     # ---- queries ---------------------------------------------------------------
     @property
     def dirty(self) -> bool:
         """An assign or truncation not written to the file yet."""
         with self._lock:
-            return self._dirty
+            return self._changed()
 
     def entries(self) -> list[EpochEntry]:
         with self._lock:
@@ -160,7 +172,7 @@ class LeaderEpochFileCache:
         """Write the checkpoint (tmp, fsync, rename) if an assign changed it; True if
         it did. `sync_dir=False`: the caller fsyncs the directory (the log's flush)."""
         with self._lock:
-            if self._dirty:
+            if self._changed():
                 self._write(sync_dir)
                 return True
             return False

@@ -508,6 +508,48 @@ def test_unclean_reopen_leaves_index_files_holding_the_rebuilt_entries(tmp_path)
     assert read_values(log) == values(0, 55)
 
 
+def test_a_crashed_log_whose_scan_gives_back_the_same_epochs_does_not_write_them_again(tmp_path):
+    """Loading a crashed log drops the epoch entries past where its scan starts and
+    re-assigns them from the batches: the same history, so its close (or first flush)
+    leaves the checkpoint alone (an fsynced rewrite of every log's file otherwise);
+    a history the scan changed is written."""
+    log = open_log(tmp_path / "t-0")
+    fill(log, 2, epoch=0)
+    fill(log, 2, epoch=3)
+    log.close()
+    path = log.leader_epoch_cache.path
+    os.link(path, tmp_path / "kept")
+    log = open_log(tmp_path / "t-0")        # unclean: every segment scanned
+    assert log.load_stats["recovered_segments"] > 0 and not log.leader_epoch_cache.dirty
+    log.close()
+    assert os.path.samefile(path, tmp_path / "kept")
+    assert log.leader_epoch_cache.entries() == [EpochEntry(0, 0), EpochEntry(3, 10)]
+    with open(path, "w") as f:            # a history the batches contradict
+        f.write("0\n1\n0 0\n")
+    log = open_log(tmp_path / "t-0")
+    assert log.leader_epoch_cache.dirty
+    log.close()
+    assert open(path).read() == "0\n2\n0 0\n3 10\n"
+
+
+def test_closing_a_log_loaded_from_its_clean_state_reads_none_of_its_indexes(tmp_path):
+    """Indexes of a log loaded from the clean-shutdown state load on first use; a log
+    closed without use does not read them (at 50,000 partitions that was two file
+    reads per log in every SIGTERM's shutdown)."""
+    from replikafka.broker.storage import LogManager
+    with LogManager([str(tmp_path / "d")], TINY) as lm:
+        fill(lm.get_or_create_log("t", 0, SCHEMA), 7)
+    index = [n for n in os.listdir(tmp_path / "d" / "t-0") if n.endswith(".index")][0]
+    with open(tmp_path / "d" / "t-0" / index, "ab") as f:
+        f.write(b"\x01" * 3)           # torn: a read of it would drop the file
+    with LogManager([str(tmp_path / "d")], TINY) as lm:
+        assert lm.get_log("t", 0).load_stats["trusted_segments"] > 0
+    assert index in os.listdir(tmp_path / "d" / "t-0")
+    with LogManager([str(tmp_path / "d")], TINY) as lm:
+        assert read_values(lm.get_log("t", 0)) == values(0, 35)
+    assert index not in os.listdir(tmp_path / "d" / "t-0"), "a read drops the torn index"
+
+
 def test_reopen_with_garbage_at_the_tail(tmp_path):
     log = open_log(tmp_path / "t-0")
     fill(log, 7)
