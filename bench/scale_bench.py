@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 import replikafka
-from bench.replication_bench import _first_line, _log_time, _wait
+from bench.replication_bench import _first_line, _wait
 from replikafka.client.connection import ConnectionPool, parse_bootstrap
 from replikafka.client.metadata import ClusterMetadata
 from replikafka.errors import RequestTimedOutError
@@ -134,22 +134,6 @@ def _wait_isr_full(md: ClusterMetadata, since: float, bound_s: float) -> tuple[f
 
 
 #: A broker's log line once it handled a LeaderAndIsr (replica_manager.leader_and_isr).
-_HANDLED_LEADER_AND_ISR = r"LeaderAndIsr from controller \d+ \(epoch \d+\): (\d+) partitions in"
-
-
-def _handled_partitions(cluster: LocalCluster, broker_id: int, n: int, after: float) -> float | None:
-    """When the broker's log says it handled LeaderAndIsrs carrying n partitions in all
-    since ``after`` (one request, or several if the controller splits them; the ISR
-    departures come after the new leaders)."""
-    seen = 0
-    with open(cluster.log_path(broker_id), errors="replace") as f:
-        for line in f:
-            m = re.search(_HANDLED_LEADER_AND_ISR, line)
-            if m and line[:4].isdigit() and _log_time(line) >= after:
-                seen += int(m.group(1))
-                if seen >= n:
-                    return _log_time(line)
-    return None
 
 
 def _took_up(cluster: LocalCluster, broker_id: int, n: int, after: float) -> float | None:
@@ -321,11 +305,15 @@ def run() -> list[dict]:
         cluster.kill(victim)
         noticed = _wait(lambda: _first_line(cluster, controller, rf"brokers \[{victim}\] failed", killed_at - 1),
                         60, "the controller noticing")[0]
-        # Every new leader is in place once each survivor has handled the LeaderAndIsrs
-        # that failover sent it, every partition the victim led (its log lines' times): a
-        # metadata read of the whole topic takes seconds at this size, too coarse to poll.
-        handled = [_wait(lambda b=b: _handled_partitions(cluster, b, len(led) + alone, noticed), 600,
-                         f"broker {b} to handle the failover's LeaderAndIsrs") for b in survivors]
+        # Every new leader is in place once each survivor has handled the LeaderAndIsr
+        # that failover sent it (its log line's time): a metadata read of the whole
+        # topic takes seconds at this size, too coarse to time it by polling.
+        # The LeaderAndIsr naming exactly the victim's partitions: any LeaderAndIsr line
+        # after the kill matched before 2026-11-23 19:50 UTC, and on a loaded machine the
+        # topic creation's 50,000-partition requests (retried after their timeout) were
+        # still being handled then, so that row could read seconds when it took 45 s.
+        handled = [_wait(lambda b=b: _took_up(cluster, b, len(led) + alone, noticed), 600,
+                         f"broker {b} to handle the failover's LeaderAndIsr") for b in survivors]
         # The writes start at once, as a producer's retries would: a round skips the partitions
         # the metadata still gives the dead leader and the next round (0.1 s on) retries them
         # (polling the metadata every POLL_S for all new leaders first added up to 2 s).
