@@ -55,10 +55,12 @@ class LocalCluster:
     def __init__(self, base_dir: str, brokers: int = 3, *, zookeeper_connect: str | None = None,
                  overrides: dict[str, str] | None = None, broker_overrides: dict[int, dict[str, str]] | None = None,
                  first_broker_id: int = 1, die_with_parent: bool = False, security=None,
-                 protocols: tuple[str, ...] | None = None):
+                 protocols: tuple[str, ...] | None = None, zookeeper_jvm_opts: tuple[str, ...] | None = None):
         self.base_dir = os.path.abspath(base_dir)
         self.n = brokers
         self.external_zk = zookeeper_connect
+        # The JVM options of the ZooKeeper it starts (None: ZooKeeperServer's small-heap defaults).
+        self.zookeeper_jvm_opts = zookeeper_jvm_opts
         self.zk_server: ZooKeeperServer | None = None
         self.overrides = {**LOCAL_DEFAULTS, **(overrides or {})}
         self.broker_overrides = broker_overrides or {}
@@ -93,8 +95,9 @@ class LocalCluster:
         refuse_if_running(self.base_dir)
         self._owns_state = True
         if not self.external_zk:
+            extra = {} if self.zookeeper_jvm_opts is None else {"jvm_opts": self.zookeeper_jvm_opts}
             self.zk_server = ZooKeeperServer(port=free_port(), data_dir=os.path.join(self.base_dir, "zookeeper"),
-                                             die_with_parent=self.die_with_parent)
+                                             die_with_parent=self.die_with_parent, **extra)
             self.zk_server.start(timeout_s=timeout_s)
             self.zookeeper_connect = self.zk_server.connect_string
             self._save_state()
