@@ -11,9 +11,28 @@ be serialised by their caller (they share the tmp name).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 
 TMP_SUFFIX = ".tmp"
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def sync_filesystem(path: str) -> None:
+    """Make every write to the file system holding `path` durable (syncfs(2); sync(2)
+    where the C library has no syncfs): one call instead of an fsync per file, for a
+    clean shutdown that must make thousands of logs durable at once."""
+    syncfs = getattr(_LIBC, "syncfs", None)
+    if syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs: {os.strerror(err)}", path)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: str) -> None:

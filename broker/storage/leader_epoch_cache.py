@@ -79,10 +79,10 @@ class LeaderEpochFileCache:
                 raise bad(f"entries {a} and {b} are not increasing")
         return entries
 
-    def _write(self, sync_dir: bool = True) -> None:
+    def _write(self, sync_dir: bool = True, durable: bool = True) -> None:
         lines = [str(_VERSION), str(len(self._entries))]
         lines += [f"{e.epoch} {e.start_offset}" for e in self._entries]
-        atomic_write_bytes(self.path, ("\n".join(lines) + "\n").encode(), sync_dir=sync_dir)
+        atomic_write_bytes(self.path, ("\n".join(lines) + "\n").encode(), sync_dir=sync_dir, durable=durable)
         self._on_disk = list(self._entries)
         self._dirty = False
 
@@ -168,12 +168,13 @@ class LeaderEpochFileCache:
             self._dirty = True
             return True
 
-    def flush(self, sync_dir: bool = True) -> bool:
+    def flush(self, sync_dir: bool = True, durable: bool = True) -> bool:
         """Write the checkpoint (tmp, fsync, rename) if an assign changed it; True if
-        it did. `sync_dir=False`: the caller fsyncs the directory (the log's flush)."""
+        it did. `sync_dir=False`: the caller fsyncs the directory (the log's flush);
+        `durable=False`: no fsync at all (the caller syncs the whole file system)."""
         with self._lock:
             if self._changed():
-                self._write(sync_dir)
+                self._write(sync_dir, durable)
                 return True
             return False
 

@@ -954,15 +954,17 @@ class Log:
             self._dir_dirty = True
 
     # ---- durability and lifecycle ----------------------------------------------
-    def flush(self, up_to: int | None = None, sync_parent: bool = True) -> None:
+    def flush(self, up_to: int | None = None, sync_parent: bool = True, fsync: bool = True) -> None:
         """fsync everything below `up_to` (default: the log end) and advance the
         recovery point. The fsyncs run outside the mutation lock. `sync_parent=False`:
-        the caller fsyncs the log dir holding this log's directory (once for many)."""
+        the caller fsyncs the log dir holding this log's directory (once for many).
+        `fsync=False`: the caller makes the whole file system durable (one syncfs)
+        before anything records the new recovery point (a clean shutdown's close)."""
         with self._flush_lock:
             # The epoch history must be durable before the recovery point passes
             # the batches that started an epoch (recovery only re-reads past it);
             # its rename is made durable by this flush's directory fsync.
-            epoch_written = self._epoch_cache.flush(sync_dir=False)
+            epoch_written = self._epoch_cache.flush(sync_dir=False, durable=fsync)
             with self._lock:
                 target = self._leo if up_to is None else min(up_to, self._leo)
                 dir_dirty, self._dir_dirty = self._dir_dirty or epoch_written, False
@@ -976,12 +978,13 @@ class Log:
                     if seg.write_pending_index_entries():
                         dir_dirty = True
                 generation = self._generation
-            for seg in segs:
-                seg.fsync()
-            if dir_dirty:
-                fsync_dir(self._dir)
-            if parent_dirty:
-                fsync_dir(os.path.dirname(os.path.abspath(self._dir)))
+            if fsync:
+                for seg in segs:
+                    seg.fsync()
+                if dir_dirty:
+                    fsync_dir(self._dir)
+                if parent_dirty:
+                    fsync_dir(os.path.dirname(os.path.abspath(self._dir)))
             with self._lock:
                 # A truncation meanwhile may have rewritten offsets below target.
                 if self._generation == generation and target > self._recovery_point:
@@ -1006,15 +1009,15 @@ class Log:
         self.flush(up_to)
         return True
 
-    def close(self, sync_parent: bool = True) -> None:
+    def close(self, sync_parent: bool = True, fsync: bool = True) -> None:
         """Flush and release file descriptors. The active segment stays unsealed
-        so appends continue after the next open. `sync_parent`: as in `flush`."""
+        so appends continue after the next open. `sync_parent`, `fsync`: as in `flush`."""
         with self._lock:
             if self._closed or self._closing:
                 return
             self._closing = True       # refuse mutations from now on
         # Outside the mutation lock: flush takes the flush lock first, then this one.
-        self.flush(sync_parent=sync_parent)
+        self.flush(sync_parent=sync_parent, fsync=fsync)
         with self._lock:
             for seg in self._segments:
                 seg.close()

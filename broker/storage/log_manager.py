@@ -61,7 +61,7 @@ from .checkpoints import (LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT
                           REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpointFile, TopicPartition)
 from .clock import SYSTEM_CLOCK
 from . import batch_format as bf
-from .fileio import atomic_write_bytes, fsync_dir
+from .fileio import atomic_write_bytes, fsync_dir, sync_filesystem
 from .log import Log, validate_schema
 from .log_config import LogConfig
 
@@ -449,14 +449,18 @@ class LogManager:
         with self._lock:
             if self._closed:
                 return
-            # In parallel (fsync releases the GIL; thousands of logs each fsync their
-            # directory), and each log dir fsynced once for the partition dirs in it.
+            # Each log writes what it holds in memory (index entries, its epoch history)
+            # without an fsync, and each log dir's file system is then synced once
+            # (syncfs) before the checkpoints and the marker record the logs as
+            # flushed: a clean shutdown of 50,000 just-created logs made 150,000
+            # fsyncs (data file, both indexes, directory), 80 s on the shared disk.
             with concurrent.futures.ThreadPoolExecutor(self._load_threads, thread_name_prefix="log-close") as pool:
-                for done in [pool.submit(log_.close, sync_parent=False) for log_ in self._logs.values()]:
+                for done in [pool.submit(log_.close, sync_parent=False, fsync=False)
+                             for log_ in self._logs.values()]:
                     done.result()
             online = [d for d in self._dirs if d.path not in self._offline_dirs]
             for d in online:
-                fsync_dir(d.path)
+                sync_filesystem(d.path)
             self.checkpoint_recovery_points()
             self.checkpoint_log_start_offsets()
             for d in online:

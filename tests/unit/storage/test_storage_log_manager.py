@@ -12,7 +12,7 @@ from replikafka.broker.storage import (CLEAN_SHUTDOWN_FILE, LogConfig, LogManage
                                        OffsetCheckpointFile)
 from replikafka.errors import InvalidTopicError, StorageError, UnknownTopicOrPartitionError
 
-from storage_testlib import SCHEMA, T0, TINY, fill, make_batch, read_values
+from storage_testlib import SCHEMA, T0, TINY, fill, make_batch, read_values, value
 
 
 def manager(dirs, clock=None, config=TINY, **kw) -> LogManager:
@@ -301,3 +301,25 @@ def test_descriptors_and_mappings_follow_use_not_partition_count(tmp_path):
     assert _open_files_under(tmp_path) == set()          # loading holds nothing either
     assert read_values(lm.get_log("t", 3))[-1] == b"value-34"
     lm.close()
+
+
+def test_a_clean_close_syncs_each_file_system_once_instead_of_fsyncing_every_log(tmp_path, monkeypatch):
+    """Closing thousands of logs: each writes what it holds without an fsync, then one
+    syncfs per log dir, before the checkpoints and the clean-shutdown marker."""
+    from replikafka.broker.storage import log_manager as lm_module
+    lm = LogManager([str(tmp_path / "a"), str(tmp_path / "b")], TINY)
+    for p in range(30):
+        fill(lm.get_or_create_log("t", p, SCHEMA), 3)
+    events: list[str] = []
+    real_fsync, real_sync = os.fsync, lm_module.sync_filesystem
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(lm_module, "sync_filesystem", lambda path: (events.append("syncfs"), real_sync(path))[1])
+    lm.close()
+    monkeypatch.undo()
+    assert events.count("syncfs") == 2
+    first_sync = events.index("syncfs")
+    # Before the syncs nothing; after, only the checkpoints and the markers (2 fsyncs each).
+    assert first_sync == 0 and events.count("fsync") <= 2 * 2 * 3, events
+    with LogManager([str(tmp_path / "a"), str(tmp_path / "b")], TINY) as again:
+        assert all(lg.load_stats["recovered_segments"] == 0 for lg in again.logs().values())
+        assert [read_values(again.get_log("t", p)) for p in range(30)] == [[value(o) for o in range(15)]] * 30
