@@ -336,6 +336,26 @@ def test_cli_bad_arguments_are_one_line_errors(args, expect, tmp_path):
     assert expect in err
 
 
+def test_cli_heap_from_kafka_heap_opts(tmp_path):
+    """KAFKA_HEAP_OPTS sets the JVM's heap, as Kafka's start script; a value that is
+    not a heap option is one clear error naming the variable."""
+    env = dict(os.environ, KAFKA_HEAP_OPTS="-Xmx300m -Xms64m")
+    proc = _cli("--port", "0", "--data-dir", str(tmp_path / "zk"), env=env)
+    try:
+        _, jvm_pid = _banner(proc)
+        with open(f"/proc/{jvm_pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+        assert b"-Xmx300m" in args and b"-Xms64m" in args and b"-Xmx256m" not in args, args
+    finally:
+        proc.kill()
+        proc.communicate()
+    bad = dict(os.environ, KAFKA_HEAP_OPTS="1g")
+    proc = _cli("--port", "0", "--data-dir", str(tmp_path / "zk2"), env=bad)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "KAFKA_HEAP_OPTS" in err and "'1g'" in err, err
+
+
 def test_cli_refuses_an_ensemble_config(tmp_path):
     cfg = tmp_path / "zk.properties"
     cfg.write_text("clientPort=0\nserver.1=a:2888:3888\n")
