@@ -72,10 +72,7 @@ class StateMachine:
 
     def initialize(self, key, state) -> None:
         """Set a key's state as loaded (a new controller's failover), without a transition."""
-        if state == self.initial:
-            self.states.pop(key, None)
-        else:
-            self.states[key] = state
+        self.initialize_many(((key, state),))
 
     def initialize_many(self, keys_states: Iterable) -> None:
         """``initialize`` each (key, state): a failover loads 50,000 partitions' states

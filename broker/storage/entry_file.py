@@ -119,12 +119,15 @@ class EntryFile:
         if keep != n:
             self.reset(entries[:keep].copy())
 
-    def reset(self, entries: np.ndarray | list[tuple]) -> None:
+    def reset(self, entries: np.ndarray | list[tuple], *, file_holds_them: bool = False) -> None:
         """Replace all entries (raw fields, as stored) and rewrite the file (no
-        entries: no file, which loads as empty)."""
+        entries: no file, which loads as empty). `file_holds_them`: the file already
+        holds exactly these entries and is left alone."""
         arr = entries if isinstance(entries, np.ndarray) else np.array(entries, dtype=self.DTYPE)
         self._close_fd()
-        if len(arr):
+        if file_holds_them:
+            pass
+        elif len(arr):
             replace_cache_file(self.path, arr.tobytes())
         else:
             try:
@@ -147,12 +150,7 @@ class EntryFile:
                 held = f.read(len(want) + 1)
         except FileNotFoundError:
             held = None
-        if held == want or (held is None and not want):
-            self._close_fd()
-            self._torn = False
-            self._set(arr)
-        else:
-            self.reset(arr)
+        self.reset(arr, file_holds_them=held == want or (held is None and not want))
 
     def _set(self, entries: np.ndarray) -> None:
         n = len(entries)
