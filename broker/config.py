@@ -486,6 +486,10 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "A partition neither written nor read for this long closes its files and memory maps "
        "(reopened on the next use), so open files follow busy partitions, not partitions.",
        Range(0, LONG_MAX)),
+    _k("log.open.max.partitions", INT, 0, "partitions",
+       "At most this many partitions hold open files and memory maps at once (up to 3 of each); using "
+       "one more closes the least recently used ones' (reopened on their next use). 0: derived from "
+       "the process's open-file limit and vm.max_map_count.", Range(0, INT_MAX)),
     # topics and leadership
     _k("delete.topic.enable", BOOLEAN, True, "bool", "Allow topics to be deleted."),
     _k("auto.leader.rebalance.enable", BOOLEAN, True, "bool",

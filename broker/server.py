@@ -150,7 +150,8 @@ class BrokerServer:
         self.log_manager = LogManager(list(cfg.get("log.dirs")), log_config_for_topic(cfg, {}),
                                       topic_config=self._topic_log_config, topic_schema=self._topic_schema,
                                       clock=self.clock, idle_release_ms=cfg.get("log.idle.release.ms"),
-                                      load_threads=cfg.get("num.recovery.threads.per.data.dir"))
+                                      load_threads=cfg.get("num.recovery.threads.per.data.dir"),
+                                      open_logs_max=cfg.get("log.open.max.partitions"))
         self._delete_unassigned()
         self.logs = PartitionLogs(cfg, self.log_manager)
         self.metadata = MetadataCache()

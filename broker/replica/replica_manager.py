@@ -23,6 +23,7 @@ from replikafka.broker.metrics import ReplicaStats
 from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.partition import LEADER, Partition
 from replikafka.broker.storage.log import clip_stored
+from replikafka.broker.storage.open_logs import is_resource_exhaustion
 from replikafka.broker.zk_store import LeaderAndIsr
 
 log = logging.getLogger("replikafka.replica_manager")
@@ -375,6 +376,10 @@ class ReplicaManager:
             result = part.append_as_leader(batches, acks, min_isr, pid, producer_epoch if pid > 0 else -1,
                                            base_sequence if pid > 0 else -1, body_crc32c)
         except (E.StorageError, OSError) as exc:
+            if is_resource_exhaustion(exc):
+                self._out_of_resources(exc)
+                raise E.StorageError(f"{part.topic}-{part.partition}: broker {self.broker_id} is out of open "
+                                     f"files or memory maps ({exc}); nothing was written, retry") from None
             self.handle_storage_failure(part.tp, exc)
             raise E.StorageError(f"{part.topic}-{part.partition}: its log dir on broker {self.broker_id} failed "
                                  f"({exc}); retry on the new leader") from None
@@ -521,7 +526,18 @@ class ReplicaManager:
                 return True
         return False
 
+    def _out_of_resources(self, exc: BaseException) -> None:
+        log.error("broker %d: out of open files or memory maps (%s): not a disk failure, every log dir stays "
+                  "online; %d partitions hold files now (log.open.max.partitions=%d): raise the process's "
+                  "open-file limit (ulimit -n) or vm.max_map_count, or lower log.open.max.partitions",
+                  self.broker_id, exc, len(self.logs.manager.open_logs), self.logs.manager.open_logs.max_logs)
+
     def _fail_dir(self, path: str, exc: BaseException) -> None:
+        if is_resource_exhaustion(exc):
+            # EMFILE / ENFILE / ENOMEM: this process's limits, not the disk: taking the dir
+            # offline would stop every partition in it for what the next release frees.
+            self._out_of_resources(exc)
+            return
         manager = self.logs.manager
         gone = manager.fail_dir(path, f"{type(exc).__name__}: {exc}")
         if not gone:

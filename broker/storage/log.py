@@ -13,8 +13,10 @@ has offset b + r. Segment i+1's base offset is segment i's end offset. The
 last segment is the active one (appends go there); the others are sealed.
 
 Thread-safety: thread-safe. One lock serialises every mutation (append,
-roll, truncation, retention, close, and `release_if_idle`, which gives an idle
-log's descriptors and mappings back: they reopen on the next use). Readers take no lock: they read one
+roll, truncation, retention, close, and `release_if_idle` / `release_for_cap`,
+which give an idle log's descriptors and mappings back: they reopen on the next
+use; the second only if the lock is free, for the broker's cap on open logs,
+`OpenLogs`). Readers take no lock: they read one
 immutable `_View` (segment tuple, log start, log end) published after each
 mutation and read zero-copy from the segments' mappings. Data files never
 shrink in place and a truncated or deleted segment object is retired (it keeps
@@ -49,6 +51,7 @@ from .clock import SYSTEM_CLOCK
 from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir
 from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
 from .log_config import LogConfig
+from .open_logs import OpenLogs
 from .segment import DATA_SUFFIX, LogSegment
 
 log = logging.getLogger(__name__)
@@ -230,7 +233,8 @@ class Log:
     """One partition's log (layout and thread-safety: module doc). Create with `Log.open`."""
 
     def __init__(self, directory: str, config: LogConfig, schema: pa.Schema, clock,
-                 schema_msg: bytes | None = None, epoch_entries: list | None = None):
+                 schema_msg: bytes | None = None, epoch_entries: list | None = None,
+                 open_logs: OpenLogs | None = None):
         self._dir = directory
         self._config = config
         self._schema = schema
@@ -253,6 +257,8 @@ class Log:
         self._dir_dirty = False         # files created or renamed since the last directory fsync
         self._parent_dir_dirty = False  # this directory was created since the last flush
         self._last_used_ms = clock.time_ms()   # last append or read (idle logs release files and maps)
+        self._open_logs = open_logs     # the broker's cap on logs holding files and maps (None: no cap)
+        self._registered = False        # counted in _open_logs since the last release
         self._last_flush_ms = clock.time_ms()
         self._closed = False
         self._closing = False
@@ -262,7 +268,8 @@ class Log:
     # ---- opening -----------------------------------------------------------------
     @classmethod
     def open(cls, dir: str, config: LogConfig, schema: pa.Schema | None, recovery_point: int = 0,
-             log_start_offset: int = 0, clock=None, clean: bool = False) -> "Log":
+             log_start_offset: int = 0, clock=None, clean: bool = False,
+             open_logs: OpenLogs | None = None) -> "Log":
         """Open (or create) the log in `dir`.
 
         `schema` includes the `timestamp` column; None means "the schema stored in
@@ -286,7 +293,8 @@ class Log:
                 raise InvalidSchemaError(f"{dir}: no schema given and no segment to read one from")
             schema = LogSegment.open_existing(dir, bases[0], pa.schema([]), 0, 0).read_file_schema()
         validate_schema(schema)
-        self = cls(dir, config, schema, clock or SYSTEM_CLOCK, epoch_entries=[] if created else None)
+        self = cls(dir, config, schema, clock or SYSTEM_CLOCK, epoch_entries=[] if created else None,
+                   open_logs=open_logs)
         if created:
             self._topic_id = ""
         # A new directory's entry in the log dir is made durable by the first flush.
@@ -296,11 +304,11 @@ class Log:
 
     @classmethod
     def from_state(cls, dir: str, config: LogConfig, schema: pa.Schema, schema_msg: bytes, state: dict,
-                   clock=None) -> "Log":
+                   clock=None, open_logs: OpenLogs | None = None) -> "Log":
         """The log described by `state()` at a clean shutdown, without reading its files
         (`schema` is already validated; its segments' indexes load on first use)."""
         clock = clock or SYSTEM_CLOCK
-        self = cls(dir, config, schema, clock, schema_msg, state["epochs"])
+        self = cls(dir, config, schema, clock, schema_msg, state["epochs"], open_logs)
         now = clock.time_ms()
         interval = config.index_interval_bytes
         segs = [LogSegment.from_state(dir, schema, st, interval, now) for st in state["segments"]]
@@ -614,7 +622,8 @@ class Log:
     def _write_messages(self, messages: Sequence[bf.EncodedMessage]) -> int:
         """Append messages to the active segment, rolling as needed. Caller holds
         the lock. Publishes the new log end even if a later write fails."""
-        now = self._last_used_ms = self._clock.time_ms()
+        now = self._clock.time_ms()
+        self._mark_used(now)
         written = 0
         try:
             for m in messages:
@@ -629,21 +638,51 @@ class Log:
             self._publish()
         return written
 
+    @property
+    def last_used_ms(self) -> int:
+        """When the log was last appended to or read (the clock's ms)."""
+        return self._last_used_ms
+
+    def _mark_used(self, now_ms: int) -> None:
+        """An append or read is starting: note when, and count the log among those
+        holding files and maps (`open_logs`) if it is not counted yet."""
+        self._last_used_ms = now_ms
+        if not self._registered and self._open_logs is not None:
+            self._registered = True
+            self._open_logs.register(self)
+
     def release_if_idle(self, now_ms: int, idle_ms: int) -> bool:
         """If neither written nor read for `idle_ms`, give back every segment's
         descriptors and mapping (they reopen on the next use). True if it did."""
         if now_ms - self._last_used_ms < idle_ms:
             return False
         with self._lock:
-            if self._closed or self._closing:
-                return False
-            released = False
-            for seg in self._segments:
-                if seg.holds_resources:
-                    if seg.release():
-                        self._dir_dirty = True
-                    released = True
-            return released
+            return self._release_locked()
+
+    def release_for_cap(self) -> bool:
+        """Give back every segment's descriptors and mapping now, for the broker's cap on
+        open logs (`open_logs`), unless another thread holds the log's lock (it is
+        being used). False if it was busy."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._release_locked()
+            return True
+        finally:
+            self._lock.release()
+
+    def _release_locked(self) -> bool:
+        self._registered = False
+        self._forget_open()
+        if self._closed or self._closing:
+            return False
+        released = False
+        for seg in self._segments:
+            if seg.holds_resources:
+                if seg.release():
+                    self._dir_dirty = True
+                released = True
+        return released
 
     def _maybe_flush_by_messages(self) -> None:
         if self._leo - self._recovery_point >= self._config.flush_interval_messages:
@@ -712,7 +751,7 @@ class Log:
         or deletion pulled files from under the view (a missing or rewritten file),
         wait for that mutation to finish by taking the lock once, then retry on the
         view it published. The same error on an unchanged view is real: raise it."""
-        self._last_used_ms = self._clock.time_ms()
+        self._mark_used(self._clock.time_ms())
         for _ in range(3):
             view = self._view
             try:
@@ -1022,6 +1061,12 @@ class Log:
             for seg in self._segments:
                 seg.close()
             self._closed = True
+            self._forget_open()
+
+    def _forget_open(self) -> None:
+        """Closed: no longer counted among the logs holding files and maps."""
+        if self._open_logs is not None:
+            self._open_logs.forget(self)
 
     def abandon(self) -> None:
         """Stop using this log without writing (its log dir failed): refuse every mutation
@@ -1034,6 +1079,7 @@ class Log:
                 except OSError:
                     pass
             self._closed = True
+            self._forget_open()
 
     def delete(self) -> None:
         """Close and remove the whole partition directory. The directory is first
@@ -1043,6 +1089,7 @@ class Log:
             for seg in self._segments:
                 seg.close()
             self._closed = True
+            self._forget_open()
             parent = os.path.dirname(os.path.abspath(self._dir))
             doomed = f"{self._dir}.{uuid.uuid4().hex}-delete"
             os.replace(self._dir, doomed)

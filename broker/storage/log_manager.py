@@ -28,7 +28,10 @@ shutdown: those logs are loaded from their files without recovery. Loading and
 creating logs fsync nothing per partition (each log's first flush makes its
 new files and directory durable), and a log holds descriptors and mappings
 only while used: `do_work` releases those of logs idle for `idle_release_ms`,
-so open files and mappings follow the busy partitions, not the partition count.
+so open files and mappings follow the busy partitions, not the partition count;
+and at most `open_logs_max` logs hold them at once (`open_logs`): using one more
+releases the least recently used ones, so a burst of writes to more partitions
+than the process may open files for does not run out of descriptors.
 
 `do_work(now_ms)` is one pass of background maintenance (retention,
 time-based roll, time-based flush, idle release, checkpoints);
@@ -64,6 +67,7 @@ from . import batch_format as bf
 from .fileio import atomic_write_bytes, fsync_dir, sync_filesystem
 from .log import Log, validate_schema
 from .log_config import LogConfig
+from .open_logs import OpenLogs, derived_max_logs
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +140,8 @@ class LogManager:
     def __init__(self, log_dirs: list[str], default_config: LogConfig = LogConfig(), *,
                  topic_config: Callable[[str], LogConfig] | None = None,
                  topic_schema: Callable[[str], pa.Schema | None] | None = None,
-                 clock=None, idle_release_ms: int = 60_000, load_threads: int = 8):
+                 clock=None, idle_release_ms: int = 60_000, load_threads: int = 8,
+                 open_logs_max: int = 0):
         """Lock and load every log dir.
 
         `topic_config(topic)` gives a topic's LogConfig (default: `default_config`).
@@ -146,6 +151,8 @@ class LogManager:
         schema stored in the log's own segments.
         `load_threads`: logs read (and recovered) from their files at once, per log dir,
         and logs flushed at once by `close()`.
+        `open_logs_max`: at most this many logs hold files and maps at once (`OpenLogs`);
+        0 derives it from the process's open-file limit and the kernel's map limit.
         """
         if not log_dirs:
             raise StorageError("no log dirs configured")
@@ -153,6 +160,7 @@ class LogManager:
         self._topic_schema = topic_schema or (lambda topic: None)
         self._clock = clock or SYSTEM_CLOCK
         self._idle_release_ms = idle_release_ms
+        self.open_logs = OpenLogs(open_logs_max or derived_max_logs())
         self._load_threads = max(1, load_threads)
         self._lock = threading.RLock()
         self._logs: dict[TopicPartition, Log] = {}
@@ -205,7 +213,8 @@ class LogManager:
                 configs[tp[0]] = self._topic_config(tp[0])
             if state is not None:
                 schema, schema_msg = state_schemas[state["schema"]]
-                self._logs[tp] = Log.from_state(full, configs[tp[0]], schema, schema_msg, state, clock=self._clock)
+                self._logs[tp] = Log.from_state(full, configs[tp[0]], schema, schema_msg, state, clock=self._clock,
+                                               open_logs=self.open_logs)
                 self._log_dir_of[tp] = d
                 from_state += 1
                 continue
@@ -221,7 +230,8 @@ class LogManager:
                 shutil.rmtree(full, ignore_errors=True)
                 return None
             return Log.open(full, configs[tp[0]], schema, recovery_point=recovery_points.get(tp, 0),
-                            log_start_offset=log_starts.get(tp, 0), clock=self._clock, clean=clean)
+                            log_start_offset=log_starts.get(tp, 0), clock=self._clock, clean=clean,
+                            open_logs=self.open_logs)
 
         # Reading and recovering logs waits on the disk far more than it computes (a cold
         # directory read each): several at once, as Kafka's num.recovery.threads.per.data.dir.
@@ -311,7 +321,8 @@ class LogManager:
             d = online[0] if len(online) == 1 else \
                 min(online, key=lambda x: sum(1 for v in self._log_dir_of.values() if v is x))
             path = os.path.join(d.path, partition_dir_name(topic, partition))
-            log_ = Log.open(path, config or self._topic_config(topic), schema, clock=self._clock)
+            log_ = Log.open(path, config or self._topic_config(topic), schema, clock=self._clock,
+                            open_logs=self.open_logs)
             self._logs[tp] = log_
             self._log_dir_of[tp] = d
             return log_

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import grpc
 import pyarrow as pa
@@ -229,3 +230,92 @@ def test_open_flight_calls_do_not_hold_a_broker_stop(cluster_factory):
     finally:
         prod.close()
         silent.close()
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _broker_with_600_files(tmp_path, zk_connect, n: int, **overrides):
+    """One broker allowed 600 open files (prlimit, as a small `ulimit -n`) leading the n
+    partitions of topic "wide", and a function writing one record to each partition it is
+    given in one Produce (acks=1) and returning the errors: (partition, code, message)."""
+    import sys
+    from replikafka.local_cluster import LocalCluster
+    cluster = LocalCluster(str(tmp_path / "cluster"), 1, zookeeper_connect=zk_connect, die_with_parent=True,
+                           overrides={"zookeeper.session.timeout.ms": "4000", **overrides})
+    cluster.broker_commands[1] = ["prlimit", "--nofile=600:600", sys.executable, "-m", "replikafka", "broker"]
+    cluster.start()
+    admin = replikafka.Admin(cluster.bootstrap_servers)
+    admin.create_topic("wide", partitions=n, replication_factor=1, schema="value BINARY")
+    admin.close()
+    b = R.to_record_batch([{"value": b"one"}], R.parse_schema("value BINARY"), timestamp_ms=1)
+    payload = R.encode_stream(b.schema, [b]).to_pybytes()
+    crc = R.records_crc32c(payload)
+    leader = stub(cluster, 1)
+
+    def produce(parts):
+        resp = leader.Produce(pb.ProduceRequest(acks=1, timeout_ms=30_000, partitions=[
+            pb.PartitionProduceData(topic="wide", partition=p, records=payload, records_crc32c=crc)
+            for p in parts]), timeout=120)
+        assert len(resp.partitions) == len(parts)
+        return [(r.partition, r.error.code, r.error.message) for r in resp.partitions if r.error.code]
+
+    # Until the broker leads them all: a partition it does not lead yet (its LeaderAndIsr still
+    # being applied) is refused unwritten. The last partition is taken up last.
+    wait_until(lambda: not produce([n - 1]), what="broker 1 leading the topic's last partition")
+    return cluster, produce
+
+
+def test_writing_more_partitions_than_the_broker_may_open_files_for_loses_nothing(tmp_path, zk_connect):
+    """One record written to each of 900 partitions at once (one Produce naming them all, as the
+    first writes after a failover arrive) on a broker allowed 600 open files: every partition
+    takes its record, because past `log.open.max.partitions` (derived from the limit) the least
+    recently used logs close their files; the broker never reaches its limit, keeps its log dir
+    online and serves reads of all 900 after."""
+    n = 900
+    cluster, produce = _broker_with_600_files(tmp_path, zk_connect, n)
+    try:
+        errors = produce(range(n - 1))
+        assert errors == [], errors[:3]
+        assert _open_fds(cluster.procs[1].pid) < 600
+        c = replikafka.Consumer(cluster.bootstrap_servers)
+        tps = [("wide", p) for p in range(n)]
+        assert set(c.end_offsets(tps).values()) == {1}
+        c.close()
+        got = read_committed(cluster.bootstrap_servers, "wide", 20)   # the first ones, their files long closed
+        assert sorted(got) == [(p, 0) for p in range(20)] and set(got.values()) == {b"one"}
+        log_text = cluster.tail(1, 400)
+        assert "offline" not in log_text and "out of open files" not in log_text
+    finally:
+        cluster.stop()
+
+
+def test_a_broker_out_of_open_files_keeps_its_log_dir_online_and_what_it_stored(tmp_path, zk_connect):
+    """With the cap set past what the process may open (log.open.max.partitions=100000 under a
+    600-file limit) the writes past the limit fail with a retriable error naming the cause, not
+    a disk failure: the log dir stays online (KIP-112's offline handling would stop every
+    partition in it), the records already written stay readable, and once idle logs give their
+    files back (log.idle.release.ms) the refused writes succeed when sent again."""
+    n = 900
+    cluster, produce = _broker_with_600_files(tmp_path, zk_connect, n, **{
+        "log.open.max.partitions": "100000", "log.idle.release.ms": "3000"})
+    try:
+        errors = produce(range(n - 1))
+        assert errors, "the broker should have run out of files: the test proves nothing"
+        assert {code for _p, code, _m in errors} == {"KAFKA_STORAGE_ERROR"}
+        assert all("out of open files" in m for _p, _c, m in errors), errors[:1]
+        written = sorted(set(range(n - 1)) - {p for p, _c, _m in errors})
+        assert "offline" not in cluster.tail(1, 400)
+        todo, deadline = [p for p, _c, _m in errors], time.monotonic() + 90
+        while todo and time.monotonic() < deadline:
+            time.sleep(4)                         # idle logs give back their files meanwhile
+            todo = [p for p, _c, _m in produce(todo)]
+        assert todo == []
+        c = replikafka.Consumer(cluster.bootstrap_servers)
+        assert set(c.end_offsets([("wide", p) for p in range(n)]).values()) == {1}
+        c.close()
+        got = read_committed(cluster.bootstrap_servers, "wide", 10)
+        assert written[:10] == list(range(10)) and sorted(got) == [(p, 0) for p in range(10)]
+    finally:
+        cluster.stop()

@@ -323,3 +323,79 @@ def test_a_clean_close_syncs_each_file_system_once_instead_of_fsyncing_every_log
     with LogManager([str(tmp_path / "a"), str(tmp_path / "b")], TINY) as again:
         assert all(lg.load_stats["recovered_segments"] == 0 for lg in again.logs().values())
         assert [read_values(again.get_log("t", p)) for p in range(30)] == [[value(o) for o in range(15)]] * 30
+
+
+def test_at_most_open_logs_max_logs_hold_files_the_least_recently_used_give_theirs_back(tmp_path):
+    """A burst of use of more logs than the cap (a producer spraying partitions within the
+    idle window): past `open_logs_max` logs holding files and maps, the least recently used
+    give theirs back at once, down to 90% of the cap; every log stays readable and writable
+    (it reopens on its next use) and nothing written is lost."""
+    clock = ManualClock(T0)
+    lm = manager([tmp_path], clock=clock, idle_release_ms=3_600_000, open_logs_max=10)
+    logs = [lm.get_or_create_log("t", p, SCHEMA) for p in range(40)]
+    for i, lg in enumerate(logs):
+        clock.advance(1)           # each used later than the one before
+        fill(lg, 2)
+        holding = {os.path.dirname(p) for p in _open_files_under(tmp_path)}
+        assert len(holding) <= 10, (i, len(holding))
+        assert logs[i].dir in holding                    # the log in use is never the one released
+    assert len(lm.open_logs) <= 10 and lm.open_logs.released >= 30
+    holding = {os.path.dirname(p) for p in _open_files_under(tmp_path)}
+    assert holding <= {lg.dir for lg in logs[-10:]}     # the most recently used ones keep theirs
+    # Reads count as use too, and every log still holds what was written to it.
+    assert [read_values(lg) for lg in logs] == [[value(o) for o in range(10)]] * 40
+    assert len({os.path.dirname(p) for p in _open_files_under(tmp_path)}) <= 10
+    fill(logs[0], 1)
+    assert read_values(logs[0])[-1] == value(14)
+    lm.close()
+    assert len(lm.open_logs) == 0
+    with manager([tmp_path], clock=clock) as again:
+        assert [read_values(again.get_log("t", p)) for p in range(1, 40)] == [[value(o) for o in range(10)]] * 39
+
+
+def test_a_log_busy_in_another_thread_is_not_released_for_the_cap_and_stays_counted(tmp_path):
+    from replikafka.broker.storage.open_logs import OpenLogs
+    clock = ManualClock(T0)
+    lm = manager([tmp_path], clock=clock, idle_release_ms=3_600_000, open_logs_max=2)
+    a, b, c = (lm.get_or_create_log("t", p, SCHEMA) for p in range(3))
+    fill(a, 1)
+    clock.advance(1)
+    fill(b, 1)
+    clock.advance(1)
+    import threading
+    held, done = threading.Event(), threading.Event()
+
+    def hold_a():
+        with a._lock:               # another thread in the middle of an append to `a`
+            held.set()
+            done.wait(10)
+    t = threading.Thread(target=hold_a)
+    t.start()
+    held.wait(10)
+    fill(c, 1)                      # over the cap: `a` is the least recently used, but busy
+    assert a.dir in {os.path.dirname(p) for p in _open_files_under(tmp_path)}
+    assert a in lm.open_logs._logs and len(lm.open_logs) == 2
+    done.set()
+    t.join()
+    assert isinstance(lm.open_logs, OpenLogs)
+    lm.close()
+
+
+def test_the_derived_cap_follows_the_open_file_limit_and_the_map_limit():
+    from replikafka.broker.storage.open_logs import RESERVED_DESCRIPTORS, derived_max_logs
+    assert derived_max_logs(20_000, 65_530) == (20_000 - RESERVED_DESCRIPTORS) // 3
+    assert derived_max_logs(1 << 20, 65_530) == (65_530 - RESERVED_DESCRIPTORS) // 3
+    assert derived_max_logs(256, 65_530) == 16             # a tiny limit still leaves some room
+    assert derived_max_logs() >= 16
+
+
+def test_out_of_descriptors_is_told_apart_from_a_failed_disk():
+    import errno
+    from replikafka.broker.storage.open_logs import is_resource_exhaustion
+    assert is_resource_exhaustion(OSError(errno.EMFILE, "Too many open files"))
+    wrapped = StorageError("write failed")
+    wrapped.__cause__ = OSError(errno.ENFILE, "File table overflow")
+    assert is_resource_exhaustion(wrapped)
+    assert not is_resource_exhaustion(OSError(errno.EIO, "Input/output error"))
+    assert not is_resource_exhaustion(OSError(errno.ENOSPC, "No space left on device"))
+    assert not is_resource_exhaustion(StorageError("no cause"))
