@@ -410,6 +410,23 @@ class BrokerInfoCollector(Collector):
                      time.monotonic() - self.started_s)
 
 
+class OpenLogsCollector(Collector):
+    """The broker's cap on partitions holding open files and maps (`OpenLogs`)."""
+
+    def __init__(self, open_logs):
+        self.open_logs = open_logs
+
+    def collect(self):
+        yield _gauge("replikafka_log_openpartitions",
+                     "Partitions that may hold open files and memory maps now", len(self.open_logs))
+        yield _gauge("replikafka_log_openpartitionsmax",
+                     "At most this many partitions hold open files and maps (log.open.max.partitions)",
+                     self.open_logs.max_logs)
+        yield CounterMetricFamily("replikafka_log_openpartitionsreleased",
+                                  "Partitions made to close their files and maps by log.open.max.partitions "
+                                  "(reopened on their next use)", value=self.open_logs.released)
+
+
 # ---------------------------------------------------------------- wiring
 class BrokerMetrics:
     """One broker's registry and the stats objects its hot paths update.
@@ -434,6 +451,7 @@ class BrokerMetrics:
         self.registry.register(ReplicaManagerCollector(broker.replica_manager, broker.fetchers))
         self.registry.register(ControllerCollector(broker.controller))
         self.registry.register(ZooKeeperCollector(lambda: str(broker.zk.state), self.zk_stats))
+        self.registry.register(OpenLogsCollector(broker.log_manager.open_logs))
 
     def observe_request(self, method: str, seconds: float, error_code: str = "") -> None:
         """For request paths outside the gRPC pipeline (Arrow Flight reads): one call per request."""

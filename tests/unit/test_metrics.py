@@ -310,3 +310,20 @@ def test_stop_replica_for_thousands_of_partitions_logs_one_line_per_request(capl
     assert len(broker_lines) == 1 and "5000 partitions" in broker_lines[0].getMessage()
     assert len(state_records) == 1                                   # one record, a line per partition in the file
     assert state_records[0].getMessage().count("\n") == 4999
+
+
+def test_open_partitions_gauges_follow_the_cap_on_open_logs(tmp_path):
+    from replikafka.broker.metrics import OpenLogsCollector
+    from replikafka.broker.storage import LogManager
+    clock = ManualClock(T0)
+    lm = LogManager([str(tmp_path)], LogConfig(), clock=clock, open_logs_max=2)
+    m = BrokerMetrics(1)
+    m.registry.register(OpenLogsCollector(lm.open_logs))
+    for p in range(3):
+        clock.advance(1)
+        lm.get_or_create_log("t", p, SCHEMA).append([batch(1)], leader_epoch=0)
+    s = samples(m.registry)
+    assert s["replikafka_log_openpartitionsmax"][()] == 2
+    assert s["replikafka_log_openpartitions"][()] == 1       # the third use dropped to 90% of the cap
+    assert s["replikafka_log_openpartitionsreleased_total"][()] == 2
+    lm.close()
