@@ -235,6 +235,28 @@ def test_do_isr_work_shrinks_then_expands_the_isr_with_conditional_writes(broker
     assert broker.rm.do_isr_work() == 0
 
 
+def test_do_isr_work_looks_at_every_leader_each_half_lag_and_at_a_returning_follower_at_once(broker, monkeypatch):
+    """Kafka's isr-expiration period (half the lag time) for the whole pass; a follower
+    out of the ISR that fetched is looked at on the next pass, whenever that is."""
+    broker.leader_and_isr(1, 3, (1, 2, 3))
+    broker.produce([b"a"])
+    looked = []
+    wanted = Partition.isr_change_wanted
+    monkeypatch.setattr(Partition, "isr_change_wanted", lambda self, lag: looked.append(self.tp) or wanted(self, lag))
+    assert broker.rm.do_isr_work() == 0 and looked == [TP]         # the first pass is a whole one
+    broker.follower_fetch(3, 1)                                    # an ISR member fetched: nothing to look at
+    assert broker.rm.do_isr_work() == 0 and looked == [TP]
+    broker.clock.advance(LAG_MS // 2)
+    assert broker.rm.do_isr_work() == 0 and looked == [TP] * 2     # whole again, 2 not behind for long enough
+    broker.clock.advance(LAG_MS // 2 + 1)
+    assert broker.rm.do_isr_work() == 1 and looked == [TP] * 3     # whole: 2 never fetched, it is dropped
+    assert broker.rm.get(TP).isr == (1, 3)
+    broker.follower_fetch(2, 1)                                    # 2 is back: looked at on the very next pass
+    assert broker.rm.do_isr_work() == 1 and looked == [TP] * 4
+    assert broker.rm.get(TP).isr == (1, 2, 3)
+    assert broker.rm.do_isr_work() == 0 and looked == [TP] * 4
+
+
 def test_do_isr_work_learns_a_newer_version_of_its_own_epoch_and_retries(broker):
     broker.leader_and_isr(1, 3, (1, 2, 3))
     broker.produce([b"a"])
