@@ -35,7 +35,7 @@ import shutil
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -229,6 +229,10 @@ def _next_sequence(sequence: int, increment: int) -> int:
     return (sequence + increment) % (_INT32_MAX + 1)
 
 
+def _nothing() -> None:
+    pass
+
+
 class Log:
     """One partition's log (layout and thread-safety: module doc). Create with `Log.open`."""
 
@@ -264,6 +268,10 @@ class Log:
         self._closing = False
         self._view = _View((), (), 0, 0)
         self.load_stats: dict[str, int] = {}
+        # Called (under this log's lock) when its recovery point or log start moved: the
+        # log manager rewrites its checkpoints only then, instead of reading every log's
+        # offsets each pass to compare (50,000 logs a second held a tenth of a broker's GIL).
+        self.on_offsets_moved: Callable[[], None] = _nothing
 
     # ---- opening -----------------------------------------------------------------
     @classmethod
@@ -904,6 +912,7 @@ class Log:
             self._leo = offset
             self._log_start = min(self._log_start, offset)
             self._recovery_point = min(self._recovery_point, offset)
+            self.on_offsets_moved()
             self._generation += 1
             self._epoch_cache.truncate_from_end(offset)
             self._publish()
@@ -923,6 +932,7 @@ class Log:
         self._delete_segment_files(self._segments)
         self._segments = [self._new_segment(offset)]
         self._leo = self._log_start = self._recovery_point = offset
+        self.on_offsets_moved()
         self._generation += 1
         self._epoch_cache.clear()
 
@@ -937,6 +947,7 @@ class Log:
             if offset > self._log_start:
                 doomed = [s for s in self._segments[:-1] if s.next_offset <= offset]
                 self._log_start = offset
+                self.on_offsets_moved()
                 self._segments = self._segments[len(doomed):]
                 self._epoch_cache.truncate_from_start(self._log_start)
                 self._publish()
@@ -970,6 +981,7 @@ class Log:
                 return 0
             self._segments = self._segments[doomed:]
             self._log_start = max(self._log_start, self._segments[0].base_offset)
+            self.on_offsets_moved()
             self._epoch_cache.truncate_from_start(self._log_start)
             self._publish()     # before unlinking: readers of the new view never miss a file
             self._delete_segment_files(sealed[:doomed])
@@ -1028,6 +1040,7 @@ class Log:
                 # A truncation meanwhile may have rewritten offsets below target.
                 if self._generation == generation and target > self._recovery_point:
                     self._recovery_point = target
+                    self.on_offsets_moved()
                 self._last_flush_ms = self._clock.time_ms()
 
     def flush_if_due(self, now_ms: int | None = None) -> bool:

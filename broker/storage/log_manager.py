@@ -164,6 +164,12 @@ class LogManager:
         self._load_threads = max(1, load_threads)
         self._lock = threading.RLock()
         self._logs: dict[TopicPartition, Log] = {}
+        # Set when a log's recovery point or log start moved, or the set of logs changed:
+        # do_work writes the recovery-point and log-start checkpoints only then. An Event,
+        # not a method of this manager, so that a log refers to no table of logs (no cycle:
+        # a dropped log's mappings go with its last reference).
+        self._checkpoints_stale = threading.Event()
+        self._checkpoints_stale.set()
         self._log_dir_of: dict[TopicPartition, _LogDir] = {}
         self._dirs: list[_LogDir] = []
         self._offline_dirs: set[str] = set()    # KIP-112: dirs taken offline by an I/O error
@@ -213,8 +219,8 @@ class LogManager:
                 configs[tp[0]] = self._topic_config(tp[0])
             if state is not None:
                 schema, schema_msg = state_schemas[state["schema"]]
-                self._logs[tp] = Log.from_state(full, configs[tp[0]], schema, schema_msg, state, clock=self._clock,
-                                               open_logs=self.open_logs)
+                self._logs[tp] = self._adopt(Log.from_state(full, configs[tp[0]], schema, schema_msg, state,
+                                                            clock=self._clock, open_logs=self.open_logs))
                 self._log_dir_of[tp] = d
                 from_state += 1
                 continue
@@ -240,7 +246,7 @@ class LogManager:
             for tp, done in opened:
                 log_ = done.result()
                 if log_ is not None:
-                    self._logs[tp] = log_
+                    self._logs[tp] = self._adopt(log_)
                     self._log_dir_of[tp] = d
         if clean:
             os.unlink(d.clean_marker)
@@ -323,7 +329,7 @@ class LogManager:
             path = os.path.join(d.path, partition_dir_name(topic, partition))
             log_ = Log.open(path, config or self._topic_config(topic), schema, clock=self._clock,
                             open_logs=self.open_logs)
-            self._logs[tp] = log_
+            self._logs[tp] = self._adopt(log_)
             self._log_dir_of[tp] = d
             return log_
 
@@ -343,6 +349,7 @@ class LogManager:
             self._offline_dirs.add(path)
             gone = [tp for tp, d in self._log_dir_of.items() if d.path == path]
             logs = [self._logs.pop(tp) for tp in gone]
+            self._checkpoints_stale.set()
             for tp in gone:
                 self._log_dir_of.pop(tp)
         log.error("log dir %s is offline (%s): %d partitions leave service until the broker restarts",
@@ -362,9 +369,16 @@ class LogManager:
             if log_ is None:
                 raise UnknownTopicOrPartitionError(f"no log for {topic}-{partition}")
             self._log_dir_of.pop(tp)
+            self._checkpoints_stale.set()
         log_.delete()
 
     # ---- checkpoints -------------------------------------------------------------
+    def _adopt(self, log_: Log) -> Log:
+        """A log joining the table: it marks the checkpoints stale whenever its offsets move."""
+        log_.on_offsets_moved = self._checkpoints_stale.set
+        self._checkpoints_stale.set()
+        return log_
+
     def checkpoint_recovery_points(self) -> None:
         self._checkpoint(RECOVERY_POINT_CHECKPOINT, lambda d: d.recovery_points,
                          lambda lg: lg.recovery_point)
@@ -411,7 +425,8 @@ class LogManager:
         """One maintenance pass over every log: retention, time-based roll,
         time-based flush (and flush of rolled segments), release of idle logs'
         descriptors and mappings, then the recovery-point
-        and log-start checkpoints. Returns counts of what it did."""
+        and log-start checkpoints if an offset they hold moved (or a file is missing).
+        Returns counts of what it did."""
         now = self._clock.time_ms() if now_ms is None else now_ms
         done = dict(deleted_segments=0, rolled=0, flushed=0, released=0)
         for log_ in self.logs().values():
@@ -422,8 +437,12 @@ class LogManager:
                 done["released"] += log_.release_if_idle(now, self._idle_release_ms)
             except (OSError, StorageError):
                 log.exception("maintenance of %s failed", log_.dir)
-        self.checkpoint_recovery_points()
-        self.checkpoint_log_start_offsets()
+        online = [d for d in self._dirs if d.path not in self._offline_dirs]
+        if self._checkpoints_stale.is_set() or not all(d.recovery_points.exists() and d.log_starts.exists()
+                                              for d in online):
+            self._checkpoints_stale.clear()   # before reading the offsets: a move meanwhile marks it again
+            self.checkpoint_recovery_points()
+            self.checkpoint_log_start_offsets()
         return done
 
     def start_background(self, interval_ms: int = 1000) -> None:

@@ -250,6 +250,41 @@ def test_do_work_applies_retention_roll_flush_and_checkpoints(tmp_path):
     lm.close()
 
 
+def test_do_work_writes_the_offset_checkpoints_only_after_an_offset_moved(tmp_path, monkeypatch):
+    """A pass reads every log's recovery point and log start only when one moved (or the
+    set of logs changed, or a file is gone), not each second for 50,000 idle logs."""
+    lm = manager([tmp_path])
+    a, b = lm.get_or_create_log("t", 0, SCHEMA), lm.get_or_create_log("t", 1, SCHEMA)
+    fill(a, 2)
+    read = []
+    checkpoint = LogManager._checkpoint
+    monkeypatch.setattr(LogManager, "_checkpoint", lambda self, name, *rest: read.append(name) or
+                        checkpoint(self, name, *rest))
+    recovery = OffsetCheckpointFile(str(tmp_path / "recovery-point-offset-checkpoint"))
+    starts = OffsetCheckpointFile(str(tmp_path / "log-start-offset-checkpoint"))
+    lm.do_work()                                   # new logs: written
+    assert len(read) == 2 and recovery.read() == {("t", 0): 0, ("t", 1): 0}
+    lm.do_work()
+    fill(b, 1)                                     # appended, not flushed: no checkpointed offset moved
+    lm.do_work()
+    assert len(read) == 2
+    a.flush()                                      # a's recovery point moved
+    lm.do_work()
+    assert len(read) == 4 and recovery.read() == {("t", 0): a.log_end_offset, ("t", 1): 0}
+    a.delete_records_before(3)                     # a's log start moved
+    lm.do_work()
+    assert len(read) == 6 and starts.read() == {("t", 0): 3, ("t", 1): 0}
+    os.unlink(recovery.path)                       # a lost file is written again
+    lm.do_work()
+    assert len(read) == 8 and recovery.read() == {("t", 0): a.log_end_offset, ("t", 1): 0}
+    lm.delete_log("t", 1)                          # the set of logs changed
+    lm.do_work()
+    assert len(read) == 10 and recovery.read() == {("t", 0): a.log_end_offset}
+    lm.do_work()
+    assert len(read) == 10
+    lm.close()
+
+
 def test_background_thread_runs_and_stops(tmp_path):
     lm = manager([tmp_path], config=LogConfig(segment_bytes=2048, flush_interval_ms=0))
     log = lm.get_or_create_log("t", 0, SCHEMA)
