@@ -1,0 +1,187 @@
+"""The broker's side of the scale bench's failover rows, in one process, no cluster.
+
+One survivor (broker 1 of brokers 1-3, RF=3) with N partitions on a temp dir: a
+real LogManager, ReplicaManager and metadata cache, driven as its RPC shell
+(``broker/replica_rpc.py``) drives them, from protobuf wire bytes. The fetcher
+manager only records what it is asked (no fetches run), ZooKeeper is not used.
+Each round, in a fresh child process:
+
+* take-up: one LeaderAndIsr of all N partitions, leaders 1, 2, 3 in turn (epoch 0);
+  then every log's files and mappings are released as idle (the broker does so after
+  ``log.idle.release.ms``, 60 s, long before a failover at this size);
+* failover: broker 3 died: one LeaderAndIsr of its N/3 partitions, half led by
+  broker 1 now (epoch 1), half by broker 2 (broker 1 follows);
+* first write: one acks=1 Produce of one record to each partition broker 1 now
+  leads (what the bench's ``_write_all`` sends), wire bytes in, wire bytes out;
+* second write: the same again (a later write to a leader);
+* the background passes a broker runs every 0.5 s and 1 s (ISR maintenance, log
+  maintenance), twice each, with nothing for them to change.
+
+``--root DIR`` loads the package from another worktree (DIR/python/replikafka,
+DIR/broker) to compare an older commit with this one, rounds interleaved::
+
+    python bench/failover_inproc.py --partitions 20000 --rounds 3 [--root /work/wt-old ...]
+
+Prints per round and code version each phase's wall and CPU seconds (this process)
+and the 1-minute load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from controller_inproc import _load_from  # noqa: E402
+
+TOPIC = "scale"
+
+
+class _NoWrites:
+    """The ZooKeeper store's ISR writes, for a pass that has none to make."""
+
+    def update_partition_states(self, updates):
+        assert not updates, updates[:3]
+        return []
+
+    def notify_isr_change(self, changed):
+        pass
+
+
+class _RecordingFetchers:
+    def __init__(self):
+        self.following: dict = {}
+
+    def add_partitions(self, partitions):
+        self.following.update(partitions)
+
+    def remove_partitions(self, tps):
+        for tp in tps:
+            self.following.pop(tp, None)
+
+    def remove_partition(self, tp):
+        self.remove_partitions([tp])
+
+    def shutdown(self):
+        pass
+
+
+def child(args) -> None:
+    if args.root:
+        _load_from(args.root[0])
+    from replikafka import records as R
+    from replikafka.broker import replica_rpc
+    from replikafka.broker.config import BrokerConfig, log_config_for_topic
+    from replikafka.broker.metadata_cache import MetadataCache
+    from replikafka.broker.replica.replica_manager import ReplicaManager
+    from replikafka.broker.server import PartitionLogs
+    from replikafka.broker.storage import LogManager
+    from replikafka.broker.storage.clock import SYSTEM_CLOCK
+    from replikafka.protocol import replikafka_pb2 as pb
+
+    n = args.partitions
+    tmp = tempfile.mkdtemp(prefix="fo-inproc-", dir=args.dir)
+    cfg = BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": tmp})
+    logs = LogManager([tmp], log_config_for_topic(cfg, {}), clock=SYSTEM_CLOCK)
+    metadata = MetadataCache()
+    metadata.broker_epochs = {1: 10, 2: 20, 3: 30}
+    rm = ReplicaManager(1, cfg, PartitionLogs(cfg, logs), None, metadata, _RecordingFetchers(), SYSTEM_CLOCK)
+    rm.registered_epoch = 10
+    topic_schema = R.parse_schema("value BINARY")
+    schema = R.schema_to_bytes(R.stored_schema(topic_schema))
+
+    def lai(states, epoch) -> bytes:
+        req = pb.LeaderAndIsrRequest(controller_id=2, controller_epoch=epoch, broker_epoch=10)
+        t = req.topics.add()
+        t.name, t.schema, t.topic_id = TOPIC, schema, "tid"
+        for p, leader, leader_epoch, isr in states:
+            req.partitions.add(topic=TOPIC, partition=p, leader=leader, leader_epoch=leader_epoch, isr=isr,
+                               replicas=[1, 2, 3], zk_version=leader_epoch, controller_epoch=epoch)
+        return req.SerializeToString()
+
+    b = R.to_record_batch([{"value": b"x"}], topic_schema, timestamp_ms=0)
+    payload = R.encode_stream(b.schema, [b]).to_pybytes()
+    crc = R.records_crc32c(payload)
+    out = {}
+
+    def timed(name, fn):
+        w, c = time.perf_counter(), time.process_time()
+        r = fn()
+        out[name] = (time.perf_counter() - w, time.process_time() - c)
+        return r
+
+    take_up = lai([(p, 1 + p % 3, 0, [1, 2, 3]) for p in range(n)], 1)
+    timed("take-up", lambda: replica_rpc.leader_and_isr(rm, metadata, pb.LeaderAndIsrRequest.FromString(take_up)))
+    now = SYSTEM_CLOCK.time_ms()
+    for p in range(n):
+        logs.get_log(TOPIC, p).release_if_idle(now + 1, 0)
+    victims = [p for p in range(n) if p % 3 == 2]
+    mine = victims[0::2]
+    failover = lai([(p, 1 if i % 2 == 0 else 2, 1, [1, 2]) for i, p in enumerate(victims)], 1)
+    produce = pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
+        pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload, records_crc32c=crc)
+        for p in mine]).SerializeToString()
+    timed("failover-lai", lambda: replica_rpc.leader_and_isr(rm, metadata,
+                                                            pb.LeaderAndIsrRequest.FromString(failover)))
+
+    def write():
+        resp = replica_rpc.produce_response(rm.produce(replica_rpc.produce_request(
+            pb.ProduceRequest.FromString(produce))))
+        errors = [r for r in resp.partitions if r.error.code]
+        assert not errors, errors[:3]
+        return resp.SerializeToString()
+
+    if args.profile_pause:
+        print("PID", os.getpid(), flush=True)
+        time.sleep(args.profile_pause)
+    timed("first-write", write)
+    timed("second-write", write)
+    # Steady-state background passes (server.py runs them every 0.5 s and 1 s): the
+    # first ISR pass and log pass after the writes, then a later one of each.
+    rm.store = _NoWrites()
+    clock_ms = SYSTEM_CLOCK.time_ms
+    timed("isr-pass-1", rm.do_isr_work)
+    timed("isr-pass-2", rm.do_isr_work)
+    timed("log-pass-1", lambda: logs.do_work(clock_ms()))
+    timed("log-pass-2", lambda: logs.do_work(clock_ms()))
+    out["mine"] = len(mine)
+    print("RESULT " + json.dumps(out), flush=True)
+    logs.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--partitions", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--root", action="append", default=[], help="another worktree to compare (repeatable)")
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--dir", default=None, help="where the temp log dirs go")
+    ap.add_argument("--profile-pause", type=float, default=0, help="child: print its pid and sleep first")
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    roots = [""] + args.root
+    for r in range(args.rounds):
+        for root in roots:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", "--partitions", str(args.partitions)] \
+                + (["--root", root] if root else []) + (["--dir", args.dir] if args.dir else [])
+            load = os.getloadavg()[0]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            line = next((l for l in res.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if line is None:
+                print(res.stdout[-2000:], res.stderr[-4000:])
+                raise SystemExit(f"round {r} {root or 'this'} failed")
+            got = json.loads(line[7:])
+            phases = "  ".join(f"{k} {v[0]:6.2f}s (cpu {v[1]:5.2f})" for k, v in got.items() if k != "mine")
+            print(f"round {r} {root or 'this':16s} load {load:5.2f}/{os.getloadavg()[0]:5.2f}  "
+                  f"leads {got['mine']}  {phases}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
