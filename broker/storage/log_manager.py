@@ -441,8 +441,12 @@ class LogManager:
         if self._checkpoints_stale.is_set() or not all(d.recovery_points.exists() and d.log_starts.exists()
                                               for d in online):
             self._checkpoints_stale.clear()   # before reading the offsets: a move meanwhile marks it again
-            self.checkpoint_recovery_points()
-            self.checkpoint_log_start_offsets()
+            try:
+                self.checkpoint_recovery_points()
+                self.checkpoint_log_start_offsets()
+            except BaseException:
+                self._checkpoints_stale.set()   # not written: the next pass tries again
+                raise
         return done
 
     def start_background(self, interval_ms: int = 1000) -> None:

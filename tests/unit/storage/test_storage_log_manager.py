@@ -282,6 +282,16 @@ def test_do_work_writes_the_offset_checkpoints_only_after_an_offset_moved(tmp_pa
     assert len(read) == 10 and recovery.read() == {("t", 0): a.log_end_offset}
     lm.do_work()
     assert len(read) == 10
+    fill(a, 1)
+    a.flush()
+    monkeypatch.setattr(LogManager, "_checkpoint", lambda self, name, *rest: (_ for _ in ()).throw(
+        OSError(5, "Input/output error", recovery.path)))
+    with pytest.raises(OSError):                   # a failed write is tried again on the next pass
+        lm.do_work()
+    monkeypatch.setattr(LogManager, "_checkpoint", lambda self, name, *rest: read.append(name) or
+                        checkpoint(self, name, *rest))
+    lm.do_work()
+    assert len(read) == 12 and recovery.read() == {("t", 0): a.log_end_offset}
     lm.close()
 
 
