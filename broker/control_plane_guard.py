@@ -103,11 +103,13 @@ class ControlPlaneGuard:
             else:
                 errors.append(pb.PartitionError(topic=s.topic, partition=s.partition, error=to_pb(err)))
         self._log_refused("LeaderAndIsr", req.controller_id, errors)
+        leaders = [b for b in req.live_leaders if W.endpoint_error(b) is None]
+        topics = [t for t in topics if t.name in assignments and assignments[t.name] is not None]
+        if not errors and len(leaders) == len(req.live_leaders) and len(topics) == len(req.topics):
+            return req, errors   # all of it legal: not copied (16,667 entries in a failover's)
         out = pb.LeaderAndIsrRequest(controller_id=req.controller_id, controller_epoch=req.controller_epoch,
-                                     partitions=kept, live_leaders=[b for b in req.live_leaders
-                                                                    if W.endpoint_error(b) is None],
-                                     topics=[t for t in topics if t.name in assignments and assignments[t.name]
-                                             is not None])
+                                     broker_epoch=req.broker_epoch, partitions=kept, live_leaders=leaders,
+                                     topics=topics)
         return out, errors
 
     def filter_stop_replica(self, req: pb.StopReplicaRequest, broker_id: int

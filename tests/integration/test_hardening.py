@@ -149,6 +149,14 @@ def test_forged_controller_requests_are_refused_and_change_nothing(cluster3):
                                                       for t in ("ghost", ".")]), timeout=30)
         assert sorted(e.error.code for e in r.partitions) == ["INVALID_TOPIC_EXCEPTION",
                                                              "UNKNOWN_TOPIC_OR_PARTITION"], r
+        # The real controller's id and epoch, wholly legal content, for another registration
+        # of this broker (KIP-380): refused, it would make b the leader in epoch 1000.
+        r = s.LeaderAndIsr(pb.LeaderAndIsrRequest(controller_id=cid, controller_epoch=epoch, broker_epoch=czxid[b] + 1,
+                                                  partitions=[pb.PartitionState(
+                                                      topic="kept", partition=0, controller_epoch=epoch, leader=b,
+                                                      leader_epoch=1000, isr=[b], replicas=list(state.replicas))]),
+                           timeout=30)
+        assert r.error.code == "STALE_BROKER_EPOCH", r
         r = s.UpdateMetadata(pb.UpdateMetadataRequest(
             controller_id=cid, controller_epoch=epoch, full=True, topics=[ghost],
             live_brokers=[pb.BrokerEndpoint(id=i, host="127.0.0.1", port=1, broker_epoch=czxid[i])

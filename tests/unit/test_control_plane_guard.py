@@ -57,3 +57,23 @@ def test_deletes_zookeeper_asks_for_go_through():
     assert deleted(view, 1, ("t", 0)) == [("t", 0)]          # reassignment moves it away
     assert deleted(view, 1, ("t", 2)) == [("t", 2)]          # /admin/partitions_remove names it
     assert deleted(view, 1, ("t", 1)) == []                  # nothing asks for partition 1
+
+
+def test_a_leader_and_isr_keeps_its_broker_epoch_and_goes_as_it_came_when_all_of_it_is_legal():
+    """The recipient's broker epoch (KIP-380) survives the filter, so a request decided for
+    an earlier registration of this broker is still refused after it; a request wholly
+    legal is passed on as it is (a failover's carries 16,667 entries: not copied)."""
+    guard = ControlPlaneGuard(ZkView({"t": {0: [1, 2], 1: [1, 2]}}), WireLimits())
+
+    def request(*partitions):
+        req = pb.LeaderAndIsrRequest(controller_id=1, controller_epoch=5, broker_epoch=77)
+        for p in partitions:
+            req.partitions.add(topic="t", partition=p, leader=1, leader_epoch=3, isr=[1, 2], replicas=[1, 2])
+        return req
+
+    legal = request(0, 1)
+    out, errors = guard.filter_leader_and_isr(legal)
+    assert out is legal and errors == []
+    out, errors = guard.filter_leader_and_isr(request(0, 7))        # partition 7 is not ZooKeeper's
+    assert [s.partition for s in out.partitions] == [0] and [(e.topic, e.partition) for e in errors] == [("t", 7)]
+    assert (out.broker_epoch, out.controller_id, out.controller_epoch) == (77, 1, 5)
