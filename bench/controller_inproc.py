@@ -219,19 +219,29 @@ def main() -> None:
     ap.add_argument("--chroot", default="")
     ap.add_argument("--zk-pid", type=int, default=0)
     ap.add_argument("--zk-full-jit", action="store_true", help="ZooKeeper without -XX:TieredStopAtLevel=1")
+    ap.add_argument("--zk-production-jvm", action="store_true",
+                    help="ZooKeeper with the scale bench's JVM options (replikafka zookeeper's, 1 GB heap)")
+    ap.add_argument("--zk-no-sync", action="store_true",
+                    help="ZooKeeper with forceSync=no (the tests' setting) instead of its default fsync of each "
+                         "transaction log write (as in the scale bench's cluster)")
     args = ap.parse_args()
     if args.child:
         child(args)
         return
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     from zk_harness import TEST_ZK_PROPERTIES, connected_client, new_chroot
-    from replikafka.zookeeper_server import DEFAULT_JVM_OPTS, ZooKeeperServer
+    from replikafka.zookeeper_server import DEFAULT_JVM_OPTS, PRODUCTION_JVM_PERFORMANCE_OPTS, ZooKeeperServer
     with tempfile.TemporaryDirectory() as d:
         # A larger heap than the default 256 MB: one chroot per code version holds N
         # partitions' znodes, and 256 MB ran out with two of 50,000.
         jvm = ("-Xmx1g",) + tuple(o for o in DEFAULT_JVM_OPTS if not o.startswith("-Xmx")
                                   and not (args.zk_full_jit and o.startswith("-XX:TieredStopAtLevel")))
-        server = ZooKeeperServer(port=0, data_dir=d, properties=TEST_ZK_PROPERTIES, die_with_parent=True,
+        if args.zk_production_jvm:
+            jvm = ("-Xmx1g",) + PRODUCTION_JVM_PERFORMANCE_OPTS
+        props = dict(TEST_ZK_PROPERTIES)
+        if not args.zk_no_sync:
+            props.pop("forceSync")
+        server = ZooKeeperServer(port=0, data_dir=d, properties=props, die_with_parent=True,
                                  jvm_opts=jvm)
         server.start(timeout_s=60)
         try:

@@ -53,7 +53,7 @@ from replikafka.client.connection import ConnectionPool, parse_bootstrap
 from replikafka.client.metadata import ClusterMetadata
 from replikafka.errors import RequestTimedOutError
 from replikafka.local_cluster import LocalCluster
-from replikafka.zookeeper_server import DEFAULT_JVM_OPTS
+from replikafka.zookeeper_server import PRODUCTION_JVM_PERFORMANCE_OPTS
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol import replikafka_pb2_grpc as pbg
 
@@ -68,8 +68,9 @@ POLL_S = 2.0
 #: Where the brokers' logs are copied when the run ends (unset: not kept): the controller's
 #: and brokers' log lines give each failover's phases.
 LOGS_DIR = os.environ.get("REPLIKAFKA_BENCH_LOGS_DIR", "")
-#: The bench's ZooKeeper: the defaults but a 1 GB heap (see run()).
-ZOOKEEPER_JVM_OPTS = ("-Xmx1g",) + tuple(o for o in DEFAULT_JVM_OPTS if not o.startswith("-Xmx"))
+#: The bench's ZooKeeper: a 1 GB heap (see run()) and a server's JVM options, as
+#: ``replikafka zookeeper`` starts it (not the tests' fast-start, C1-only JIT).
+ZOOKEEPER_JVM_OPTS = ("-Xmx1g",) + PRODUCTION_JVM_PERFORMANCE_OPTS
 #: Leave out the restart after SIGTERM (module docstring).
 SKIP_SIGTERM_RESTART = os.environ.get("REPLIKAFKA_BENCH_SKIP_SIGTERM_RESTART", "") == "1"
 _CHANNEL_OPTS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]

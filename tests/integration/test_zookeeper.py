@@ -346,6 +346,8 @@ def test_cli_heap_from_kafka_heap_opts(tmp_path):
         with open(f"/proc/{jvm_pid}/cmdline", "rb") as f:
             args = f.read().split(b"\0")
         assert b"-Xmx300m" in args and b"-Xms64m" in args and b"-Xmx256m" not in args, args
+        # A server's JIT and collector by default (Kafka's KAFKA_JVM_PERFORMANCE_OPTS), not the tests' fast start.
+        assert b"-XX:+UseG1GC" in args and not any(a.startswith(b"-XX:TieredStopAtLevel") for a in args), args
     finally:
         proc.kill()
         proc.communicate()
@@ -354,6 +356,25 @@ def test_cli_heap_from_kafka_heap_opts(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and "KAFKA_HEAP_OPTS" in err and "'1g'" in err, err
+
+
+def test_cli_jvm_options_as_kafkas_start_scripts():
+    """``replikafka zookeeper``'s JVM: the heap from KAFKA_HEAP_OPTS, the collector and JIT
+    from KAFKA_JVM_PERFORMANCE_OPTS, each defaulting to Kafka's server options (the full
+    JIT, G1), never to the tests' fast-start ones; a word that is no JVM option is an error
+    naming the variable."""
+    from replikafka.cli.zookeeper_cmd import jvm_opts
+    from replikafka.errors import ReplikafkaError
+    from replikafka.zookeeper_server import DEFAULT_JVM_OPTS, PRODUCTION_JVM_PERFORMANCE_OPTS
+
+    default = jvm_opts({})
+    assert default == ("-Xmx256m",) + PRODUCTION_JVM_PERFORMANCE_OPTS
+    assert "-XX:TieredStopAtLevel=1" in DEFAULT_JVM_OPTS and "-XX:TieredStopAtLevel=1" not in default
+    assert jvm_opts({"KAFKA_HEAP_OPTS": "-Xmx1g -Xms1g"}) == ("-Xmx1g", "-Xms1g") + PRODUCTION_JVM_PERFORMANCE_OPTS
+    assert jvm_opts({"KAFKA_JVM_PERFORMANCE_OPTS": " -XX:+UseSerialGC  -XX:TieredStopAtLevel=1 "}) == (
+        "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+    with pytest.raises(ReplikafkaError, match="KAFKA_JVM_PERFORMANCE_OPTS: 'G1' is not a JVM option"):
+        jvm_opts({"KAFKA_JVM_PERFORMANCE_OPTS": "-server G1"})
 
 
 def test_cli_refuses_an_ensemble_config(tmp_path):
