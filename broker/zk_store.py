@@ -789,60 +789,67 @@ def multi_read_async(zk: KazooClient, paths: list[str]):
 
 
 _OP_HEAD = struct.Struct("!iBii")      # a multi op's MultiHeader(type, done=False, err=-1), then its path's length
+_STAT_VERSION_OFFSET = 32              # a Stat's version follows czxid, mzxid, ctime and mtime (8 bytes each)
 
 
-class _StateMulti(Transaction):
-    """kazoo's multi (``Transaction``: the same request and answers) of a controller-epoch
-    check and partition-state sets, serialized in one pass: kazoo's builder checks and
-    normalizes every path and serializes op by op, a good part of writing 20,000 states."""
+class _StateMulti(namedtuple("_StateMulti", "check writes updates body")):
+    """kazoo's multi request (``Transaction``'s opcode and wire format) of a controller-epoch
+    check and partition-state sets, its bytes made by ``guarded_state_writes`` on the
+    caller's thread: each set op is serialized once (``_state_op``) and a multi is the check
+    and its ops joined. kazoo's per-op tuples, path checks and serializer, and a Stat tuple
+    per answer on its connection thread, were a good part of writing 50,000 states.
+    ``check`` = (path, version), ``writes`` = [(tp, op bytes)], ``updates`` = {tp: (state,
+    version)}: what the request says, for a reader that is not ZooKeeper."""
+    type = Transaction.type
 
     def serialize(self):
-        out = []
-        for op in self.operations:
-            path = op.path.encode()
-            out.append(_OP_HEAD.pack(op.type, 0, -1, len(path)))
-            out.append(path)
-            if type(op) is SetData:
-                out.append(int_struct.pack(len(op.data)))
-                out.append(op.data)
-            out.append(int_struct.pack(op.version))
-        out.append(multiheader_struct.pack(-1, True, -1))
-        return b"".join(out)
+        return self.body
 
     @classmethod
     def deserialize(cls, buf, offset):
-        """kazoo's answers (per op: True for the check, the ZnodeStat of a set, the
-        exception of an error), unrolled: this runs on kazoo's one connection thread
-        while the controller waits for the replies of 50,000 writes."""
-        results = []
-        append = results.append
+        """(the check's answer, [the new version or the exception of each set]): True or
+        an exception for the check; per set a version, or the exception its error names."""
+        versions = []
+        append = versions.append
         head, head_size = multiheader_struct.unpack_from, multiheader_struct.size
-        unpack_stat, stat_size, make_stat = stat_struct.unpack_from, stat_struct.size, ZnodeStat._make
+        unpack_int, int_size, stat_size = int_struct.unpack_from, int_struct.size, stat_struct.size
+        check = None
         kind, done, _err = head(buf, offset)
         offset += head_size
         while not done:
             if kind == SetData.type:
-                append(make_stat(unpack_stat(buf, offset)))
+                append(unpack_int(buf, offset + _STAT_VERSION_OFFSET)[0])
                 offset += stat_size
             elif kind == CheckVersion.type:
-                append(True)
+                check = True
             elif kind == -1:
-                append(EXCEPTIONS[int_struct.unpack_from(buf, offset)[0]]())
-                offset += int_struct.size
+                exc = EXCEPTIONS[unpack_int(buf, offset)[0]]()
+                offset += int_size
+                if check is None:
+                    check = exc
+                else:
+                    append(exc)
             else:
                 raise ValueError(f"state multi: unexpected result type {kind}")
             kind, done, _err = head(buf, offset)
             offset += head_size
-        return results
+        return check, versions
 
 
-def state_multi_async(zk: KazooClient, check: tuple[str, int], sets: list[tuple[str, bytes, int]]):
-    """One multi: check ``check`` = (path, version), then set each (path, data, version);
-    the async result gives kazoo's transaction results (one per op)."""
-    root = zk.chroot
-    ops = [CheckVersion(root + check[0], check[1])] + [SetData(root + p, d, v) for p, d, v in sets]
+def _check_op(path: bytes, version: int) -> bytes:
+    return _OP_HEAD.pack(CheckVersion.type, 0, -1, len(path)) + path + int_struct.pack(version)
+
+
+_MULTI_END = multiheader_struct.pack(-1, True, -1)
+
+
+def state_multi_async(zk: KazooClient, check: tuple[str, int], writes: list[tuple[tuple[str, int], bytes]],
+                      updates: dict):
+    """One multi: check ``check`` = (path, version), then the set ops of ``writes``; the
+    async result gives (the check's answer, [the new version or exception per set])."""
+    body = b"".join((_check_op((zk.chroot + check[0]).encode(), check[1]), *(op for _tp, op in writes), _MULTI_END))
     async_object = zk.handler.async_result()
-    zk._call(_StateMulti(ops), async_object)
+    zk._call(_StateMulti(check, writes, updates, body), async_object)
     return async_object
 
 
@@ -859,40 +866,45 @@ def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
     match]); raises ControllerMovedError if the epoch guard failed."""
     from kazoo.exceptions import RolledBackError, RuntimeInconsistency
 
-    items = list(updates.items())
     ok: dict[tuple[str, int], int] = {}
     failed: list[tuple[str, int]] = []
-    pending = [items[i:i + MULTI_OPS_MAX] for i in range(0, len(items), MULTI_OPS_MAX)]
-    encoded: dict[LeaderAndIsr, bytes] = {}   # decided states repeat (shared objects): encode each value once
-
-    def to_json(state: LeaderAndIsr) -> bytes:
-        data = encoded.get(state)
-        if data is None:
-            data = encoded[state] = state.to_json()
-        return data
-
+    # Each set op serialized once, in one pass: the path's bytes from its topic's prefix,
+    # the data (with its length) once per decided state (decided states are shared
+    # objects: by identity, as hashing the frozen dataclass is a Python call).
+    head, pack_int, set_type = _OP_HEAD.pack, int_struct.pack, SetData.type
+    prefixes: dict[str, bytes] = {}
+    values: dict[int, tuple[LeaderAndIsr, bytes]] = {}
+    writes = []
+    append = writes.append
+    for tp, (state, version) in updates.items():
+        prefix = prefixes.get(tp[0])
+        if prefix is None:
+            prefix = prefixes[tp[0]] = (zk.chroot + state_path(tp[0], 0)[:-len("0/state")]).encode()
+        value = values.get(id(state))
+        if value is None:
+            data = state.to_json()
+            value = values[id(state)] = (state, pack_int(len(data)) + data)
+        path = b"%s%d/state" % (prefix, tp[1])
+        append((tp, b"".join((head(set_type, 0, -1, len(path)), path, value[1], pack_int(version)))))
+    check = (CONTROLLER_EPOCH, epoch_zk_version)
+    pending = [writes[i:i + MULTI_OPS_MAX] for i in range(0, len(writes), MULTI_OPS_MAX)]
     while pending:
-        inflight = [(chunk, state_multi_async(zk, (CONTROLLER_EPOCH, epoch_zk_version),
-                                              [(state_path(t, p), to_json(state), version)
-                                               for (t, p), (state, version) in chunk]))
-                    for chunk in pending]
+        inflight = [(chunk, state_multi_async(zk, check, chunk, updates)) for chunk in pending]
         pending = []
         for chunk, result in inflight:
-            results = result.get()
-            if isinstance(results[0], Exception):
-                if not isinstance(results[0], RolledBackError):
-                    raise ControllerMovedError("controller epoch changed under a state write")
+            checked, results = result.get()
+            if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):
+                raise ControllerMovedError("controller epoch changed under a state write")
             # ZooKeeper answers the op that failed with its own error, the ops before it
             # with RolledBackError and the ops after it with RuntimeInconsistency: only
             # the first kind failed on its own; the others are written again.
-            bad = [tp for (tp, _), r in zip(chunk, results[1:])
-                   if isinstance(r, Exception) and not isinstance(r, (RolledBackError, RuntimeInconsistency))]
+            bad = {tp for (tp, _), r in zip(chunk, results)
+                   if isinstance(r, Exception) and not isinstance(r, (RolledBackError, RuntimeInconsistency))}
             if not bad:
-                for (tp, _), stat in zip(chunk, results[1:]):
-                    ok[tp] = stat.version
+                ok.update((tp, version) for (tp, _), version in zip(chunk, results))
                 continue
-            failed.extend(bad)
-            rest = [(tp, u) for tp, u in chunk if tp not in bad]
+            failed.extend(tp for tp, _ in chunk if tp in bad)
+            rest = [w for w in chunk if w[0] not in bad]
             if rest:
                 pending.append(rest)
     return ok, failed

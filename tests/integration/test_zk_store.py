@@ -138,9 +138,44 @@ def test_multi_read_replies_parse_data_missing_values_and_errors():
         _MultiRead.deserialize(multiheader_struct.pack(5, False, 0) + struct.pack("!i", 0), 0)
 
 
+def test_state_multi_requests_are_kazoos_transaction_byte_for_byte(monkeypatch):
+    """The controller's multi, serialized op by op once on the event thread, is the request
+    kazoo's Transaction makes of the same check and sets: paths under the chroot, a
+    non-ASCII topic, states shared between partitions, and each partition's own version."""
+    from kazoo.protocol.serialization import CheckVersion, SetData, Transaction
+
+    from replikafka.broker import zk_store as Z
+
+    class Answer:
+        def get(self):
+            return self.value
+
+    class Client:     # what state_multi_async asks of a KazooClient; each multi answered as all written
+        chroot = "/c-é"
+        handler = type("Handler", (), {"async_result": staticmethod(Answer)})
+
+        def _call(self, request, answer):
+            sent.append(request)
+            answer.value = (True, [10 + i for i in range(len(request.writes))])
+
+    sent: list = []
+    shared = LeaderAndIsr(2, 7, (2, 3), 4)
+    updates = {("tö", 0): (shared, 3), ("tö", 12): (shared, 0), ("u", 5): (LeaderAndIsr(-1, 8, (), 4), 2 ** 31 - 1)}
+    monkeypatch.setattr(Z, "MULTI_OPS_MAX", 2)
+    client = Client()
+    assert Z.guarded_state_writes(client, 9, updates) == ({("tö", 0): 10, ("tö", 12): 11, ("u", 5): 10}, [])
+    items = [(tp, s, v) for tp, (s, v) in updates.items()]
+    assert len(sent) == 2
+    for request, chunk in zip(sent, (items[:2], items[2:])):
+        assert [tp for tp, _op in request.writes] == [tp for tp, _s, _v in chunk]
+        theirs = Transaction([CheckVersion(client.chroot + Z.CONTROLLER_EPOCH, 9)] + [
+            SetData(client.chroot + Z.state_path(*tp), s.to_json(), v) for tp, s, v in chunk])
+        assert request.serialize() == theirs.serialize() and request.type == theirs.type
+
+
 def test_state_multi_replies_parse_as_kazoos_transaction_does():
     """The guarded writes' multi reply (check, sets, errors) parses as kazoo's own
-    Transaction parser gives it, on an unrolled path."""
+    Transaction parser gives it, on an unrolled path that keeps each set's version only."""
     from kazoo.protocol.serialization import Transaction, int_struct, multiheader_struct, stat_struct
 
     from replikafka.broker.zk_store import _StateMulti
@@ -153,7 +188,9 @@ def test_state_multi_replies_parse_as_kazoos_transaction_does():
               + multiheader_struct.pack(-1, False, -103) + int_struct.pack(-103)
               + multiheader_struct.pack(-1, False, -2) + int_struct.pack(-2) + multiheader_struct.pack(-1, True, -1))
     for buf, offset in ((ok, 2), (failed, 0)):
-        ours, theirs = _StateMulti.deserialize(buf, offset), Transaction.deserialize(buf, offset)
-        assert [type(r) for r in ours] == [type(r) for r in theirs] and len(ours) == 3
-        assert [r for r in ours if not isinstance(r, Exception)] == [r for r in theirs if not isinstance(r, Exception)]
-    assert [r.version for r in _StateMulti.deserialize(ok, 2)[1:]] == [stats[0][4], stats[1][4]]
+        (check, versions), theirs = _StateMulti.deserialize(buf, offset), Transaction.deserialize(buf, offset)
+        assert [type(r) for r in [check, *versions]] == [
+            type(r) if isinstance(r, (bool, Exception)) else int for r in theirs] and len(versions) == 2
+        assert [r for r in versions if not isinstance(r, Exception)] == [
+            r.version for r in theirs[1:] if not isinstance(r, Exception)]
+    assert _StateMulti.deserialize(ok, 2) == (True, [stats[0][4], stats[1][4]])

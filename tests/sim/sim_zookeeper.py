@@ -7,7 +7,7 @@ shared tree with ZooKeeper's semantics where they matter to us:
 * sequential nodes; ``multi`` (all or nothing, with ZooKeeper's per-op results:
   ops before the failing one RolledBackError, the failing one its own error, ops
   after it RuntimeInconsistency), built with ``transaction()`` or sent as kazoo's
-  request (``zk_store.state_multi_async``); ``multiRead`` (``zk_store._MultiRead``);
+  controller's request (``zk_store.state_multi_async``); ``multiRead`` (``zk_store._MultiRead``);
 * one-shot data, exists and child watches, fired in the order of the changes;
 * sessions that expire: the client's listeners hear LOST, every call raises
   SessionExpiredError until :meth:`SimKazooClient.reconnect` opens a new session
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 from kazoo.exceptions import (BadVersionError, ConnectionLoss, NoNodeError, NodeExistsError, NotEmptyError,
                               RolledBackError, RuntimeInconsistency, SessionExpiredError)
-from kazoo.protocol.serialization import CheckVersion, SetData, Transaction
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent, ZnodeStat
+
+from replikafka.broker import zk_store as Z
 
 
 @dataclass
@@ -356,18 +357,17 @@ class SimKazooClient:
         return _Transaction(self)
 
     def _call(self, request, async_object):
-        """``zk_store._MultiRead``, and kazoo's multi request (``Transaction``) of checks and
-        sets that ``zk_store.state_multi_async`` builds, come this way."""
-        if isinstance(request, Transaction):
+        """``zk_store._MultiRead``, and the controller's multi of an epoch check and state
+        sets (``zk_store._StateMulti``, from ``zk_store.state_multi_async``), come this way;
+        the latter answers as it parses: (the check's answer, [version or exception per set])."""
+        if isinstance(request, Z._StateMulti):
             tx = _Transaction(self)
-            for op in request.operations:
-                if isinstance(op, CheckVersion):
-                    tx.check(op.path, op.version)
-                elif isinstance(op, SetData):
-                    tx.set_data(op.path, op.data, op.version)
-                else:
-                    raise NotImplementedError(f"{type(op).__name__} in a multi sent through _call")
-            async_object.set(tx.commit())
+            tx.check(*request.check)
+            for tp, _op in request.writes:
+                state, version = request.updates[tp]
+                tx.set_data(Z.state_path(*tp), state.to_json(), version)
+            results = tx.commit()
+            async_object.set((results[0], [r if isinstance(r, Exception) else r.version for r in results[1:]]))
             return True
         zk = self._server()
         out = []
