@@ -217,6 +217,34 @@ def test_a_long_poll_never_sleeps_on_an_append_made_while_it_read(broker):
     assert broker.rm.data_arrived.waits == []
 
 
+def test_partition_lookups_do_not_wait_for_the_partition_map_lock(broker):
+    """Produce, Fetch and the fetchers look up each partition they name: a thread holding
+    the map's lock for a whole-map pass does not hold them up."""
+    broker.leader_and_isr(1, 3, (1, 2, 3))
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with broker.rm.lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        got = []
+        looker = threading.Thread(target=lambda: got.append(broker.rm.get(TP)))
+        looker.start()
+        looker.join(2)
+        assert got == [broker.rm.partitions[TP]]
+        [r] = broker.produce([b"a"], acks=1)[0]
+        assert r.error is None and r.base_offset == 0
+    finally:
+        release.set()
+        holder.join()
+    looker.join()
+
+
 # ---------------------------------------------------------------- do_isr_work()
 def test_do_isr_work_shrinks_then_expands_the_isr_with_conditional_writes(broker):
     broker.leader_and_isr(1, 3, (1, 2, 3))
