@@ -426,7 +426,8 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "Let an out-of-sync replica become leader when no ISR member is alive (may lose data)."),
     # replication
     _k("replica.lag.time.max.ms", LONG, 30000, "ms",
-       "A follower that has not caught up with the leader for this long leaves the ISR.", Range(1, LONG_MAX)),
+       "A follower that has not caught up with the leader for this long leaves the ISR (checked every half "
+       "of it, as Kafka: it leaves within 1.5 times this).", Range(1, LONG_MAX)),
     _k("replica.fetch.max.bytes", INT, 1048576, "bytes",
        "Bytes a follower asks for per partition in one fetch (at least one batch is returned).", Range(0, INT_MAX)),
     _k("replica.fetch.response.max.bytes", INT, 10485760, "bytes",
