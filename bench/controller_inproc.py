@@ -28,10 +28,12 @@ import importlib.util
 import json
 import logging
 import os
+import queue
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,12 +75,73 @@ def child(args) -> None:
     logging.getLogger("replikafka.controller").addHandler(lines)
     logging.getLogger("replikafka.controller").setLevel(logging.INFO)
 
+    # --broker-load: what else runs in a broker's process, sharing the GIL with its
+    # controller (py-spy of a real 20,000-partition controller failover: the event thread
+    # had a tenth of the samples of the housekeeping, fetcher and RPC threads).
+    own_broker = []                 # the new controller's broker id, while an event runs
+    decoded = []                    # (seconds) an UpdateMetadata to the own broker took to decode
+    work: "queue.Queue" = queue.Queue()
+
+    def own_broker_thread():
+        """The controller's own broker takes what is queued to it as a broker does
+        (replica_rpc decodes it, the metadata cache applies it), as soon as it is queued."""
+        from replikafka.broker import replica_rpc
+        from replikafka.broker.metadata_cache import MetadataCache
+        from replikafka.protocol import replikafka_pb2 as pb
+        cache = MetadataCache()
+        while True:
+            method, req = work.get()
+            if method == "UpdateMetadata":
+                t = time.perf_counter()
+                cache.update(replica_rpc.update_metadata_request(pb.UpdateMetadataRequest.FromString(bytes(req))))
+                decoded.append(time.perf_counter() - t)
+            work.task_done()
+
+    class Housekeeping:
+        """A broker's periodic scans of every partition (ISR checks every 500 ms, log
+        maintenance every 1000 ms), as BrokerServer runs them: skipped while the
+        controller is busy where the code has Controller.busy. A pass holds the GIL
+        6 us per partition, as the real ISR pass did at 20,000 (py-spy: 0.12 s a pass)."""
+        PER_PARTITION_S = 6e-6
+
+        def __init__(self, n, interval_s):
+            self.items = [[i, i % 7, None] for i in range(n)]
+            self.interval_s = interval_s
+            self.controller = None
+            t = time.perf_counter()
+            self.one_pass()
+            self.repeat = max(1, round(self.PER_PARTITION_S * n / (time.perf_counter() - t)))
+
+        def one_pass(self):
+            for item in self.items:
+                if item[1] > 3 and item[2] is None:
+                    item[0] += 1
+
+        def run(self):
+            while True:
+                time.sleep(self.interval_s)
+                c = self.controller
+                if c is not None and hasattr(c, "busy") and c.busy(10.0):
+                    continue
+                for _ in range(self.repeat):
+                    self.one_pass()
+
+    housekeepers = []
+    if args.broker_load:
+        threading.Thread(target=own_broker_thread, daemon=True).start()
+        for interval in (0.5, 1.0):
+            h = Housekeeping(args.partitions, interval)
+            housekeepers.append(h)
+            threading.Thread(target=h.run, daemon=True).start()
+
     class KeptChannel:
         def __init__(self, bid):
             self.broker_id, self.kept = bid, []
 
         def send(self, method, request, on_response=None):
             self.kept.append((method, request))
+            if self.broker_id in own_broker:
+                work.put((method, request))
 
         def idle(self):
             return True
@@ -166,12 +229,20 @@ def child(args) -> None:
 
     def run_event(c, event):
         lines.lines.clear()
+        decoded.clear()
+        own_broker[:] = [c.broker_id]
+        for h in housekeepers:
+            h.controller = c
         c.enqueue(event)
         t, p, z = time.perf_counter(), time.process_time(), zk_cpu()
         while c.do_work():
             pass
         total = time.perf_counter() - t
         cpu.update(cpu_s=time.process_time() - p, zk_cpu_s=zk_cpu() - z)
+        if args.broker_load:
+            work.join()          # the own broker's decode, after the event (not counted in its time)
+            own_broker.clear()
+            cpu.update(own_um_s=sum(decoded))
         wire_s, wire_n = c.channels.wire()
         return total, wire_s, wire_n, list(lines.lines)
 
@@ -221,6 +292,10 @@ def main() -> None:
     ap.add_argument("--zk-full-jit", action="store_true", help="ZooKeeper without -XX:TieredStopAtLevel=1")
     ap.add_argument("--zk-production-jvm", action="store_true",
                     help="ZooKeeper with the scale bench's JVM options (replikafka zookeeper's, 1 GB heap)")
+    ap.add_argument("--broker-load", action="store_true",
+                    help="run the controller among a broker's other work: its own broker decodes what is sent to "
+                         "it, and two threads scan N partitions every 0.5 s and 1 s (skipped while the "
+                         "controller is busy, where the code has Controller.busy)")
     ap.add_argument("--zk-no-sync", action="store_true",
                     help="ZooKeeper with forceSync=no (the tests' setting) instead of its default fsync of each "
                          "transaction log write (as in the scale bench's cluster)")
@@ -253,7 +328,8 @@ def main() -> None:
                 chroot = new_chroot(admin, "ctl")
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", "--zk", hosts, "--chroot", chroot,
                        "--zk-pid", str(server.pid or 0),
-                       "--partitions", str(args.partitions)] + (["--root", root] if root else [])
+                       "--partitions", str(args.partitions)] + (["--root", root] if root else []) + (
+                           ["--broker-load"] if args.broker_load else [])
                 procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
                 assert procs[-1].stdout.readline().strip() == "ready"   # set up one at a time
             for r in range(args.rounds):

@@ -59,6 +59,10 @@ FLIGHT_SHUTDOWN_WAIT_S = 2.0
 # A config change notification older than this (ms) has been applied by every live
 # broker (they apply within a watch round trip) and is deleted: Kafka's 15 minutes.
 CONFIG_CHANGE_EXPIRY_MS = 15 * 60 * 1000
+#: The longest (s) the housekeeping that scans every partition (ISR checks, log maintenance,
+#: HW checkpoints) holds off for one controller event in this process: a failover's few
+#: seconds pass first, an event stuck longer than this does not stop the housekeeping.
+HOUSEKEEPING_DEFER_MAX_S = 10.0
 
 
 class PartitionLogs:
@@ -194,11 +198,15 @@ class BrokerServer:
             endpoints=tuple(str(e) for e in self.advertised_endpoints()))
         self.replica_manager.registered_epoch = self.broker_epoch
         self.controller.start()
+        # These three scan every partition on each turn: they skip turns while this broker's
+        # controller handles an event (Controller.busy), bounded by HOUSEKEEPING_DEFER_MAX_S.
         self._loop("isr-maintenance", self.replica_manager.do_isr_work,
-                   min(cfg.get("replica.lag.time.max.ms") / 4, 500))
-        self._loop("hw-checkpoint", self._checkpoint_hw, cfg.get("replica.high.watermark.checkpoint.interval.ms"))
+                   min(cfg.get("replica.lag.time.max.ms") / 4, 500), yields_to_controller=True)
+        self._loop("hw-checkpoint", self._checkpoint_hw, cfg.get("replica.high.watermark.checkpoint.interval.ms"),
+                   yields_to_controller=True)
         self._loop("log-maintenance", self._maintain_logs,
-                   min(cfg.get("log.retention.check.interval.ms"), cfg.get("log.flush.scheduler.interval.ms"), 1000))
+                   min(cfg.get("log.retention.check.interval.ms"), cfg.get("log.flush.scheduler.interval.ms"), 1000),
+                   yields_to_controller=True)
         self._loop("zk-session", self._session_work, 100)
         self._watch_config_changes()
         log.info("broker %d serving on %s:%d", self.broker_id, self.endpoint.host, self.endpoint.port)
@@ -365,9 +373,11 @@ class BrokerServer:
         """Every listener as clients and brokers should reach it (published in ZooKeeper)."""
         return [self._advertised(e) for e in self.config.get("advertised.listeners")]
 
-    def _loop(self, name: str, work, interval_ms: float) -> None:
+    def _loop(self, name: str, work, interval_ms: float, yields_to_controller: bool = False) -> None:
         def run():
             while not self.stopped.wait(interval_ms / 1000.0):
+                if yields_to_controller and self.controller.busy(HOUSEKEEPING_DEFER_MAX_S):
+                    continue
                 try:
                     work()
                 except Exception:

@@ -12,6 +12,7 @@ RPC edge and encodes them through ``broker/controller_rpc.py``.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -105,6 +106,7 @@ class ControllerChannelManager:
         # (at 50,000 partitions the encoding is a good part of a failover).
         self._last_encoded: tuple[object, str, object] | None = None
         self._states = controller_rpc.StateMemo()   # and its partition states once for the LeaderAndIsrs after it
+        self._held: list | None = None   # requests encoded inside held(), queued when it ends
 
     def set_brokers(self, live: dict[int, tuple[str, int]]) -> None:
         with self.lock:
@@ -132,8 +134,30 @@ class ControllerChannelManager:
             with self.lock:   # one event thread sends; the lock keeps the memo whole regardless
                 method, wire = controller_rpc.encode(request, self._states)
                 self._last_encoded = (request, method, wire)
-        ch.send(method, wire, None if on_response is None else
-                lambda bid, resp: on_response(bid, controller_rpc.request_result(resp)))
+        callback = None if on_response is None else (
+            lambda bid, resp: on_response(bid, controller_rpc.request_result(resp)))
+        if self._held is not None:
+            self._held.append((ch, method, wire, callback))
+        else:
+            ch.send(method, wire, callback)
+
+    @contextlib.contextmanager
+    def held(self):
+        """Requests sent inside are encoded at once but queued to their channels only at
+        the end, together and in order. A failover's full UpdateMetadata and its
+        LeaderAndIsrs: once the first is queued the controller's own broker, in this
+        process, decodes 50,000 partitions' metadata while the event thread encodes the
+        second, and both hold the GIL. For the event thread only (as ``send``)."""
+        if self._held is not None:     # already holding: the outer block queues them
+            yield
+            return
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            for ch, method, wire, callback in held:
+                ch.send(method, wire, callback)
 
     def drain(self, timeout_s: float) -> bool:
         """Wait (bounded) until every queued request was delivered; False on timeout."""

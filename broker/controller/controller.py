@@ -114,6 +114,9 @@ class Controller:
         self.thread: threading.Thread | None = None
         self.on_became_controller = on_became_controller
         self.stats = ControllerStats()   # elections, event queue timings (broker/metrics.py)
+        # When the event now being handled started (time.monotonic()), None between events:
+        # the broker's housekeeping waits for it (``busy``).
+        self.event_started: float | None = None
 
     # ------------------------------------------------------------ plumbing
     def enqueue(self, event: V.ControllerEvent) -> None:
@@ -227,6 +230,7 @@ class Controller:
                 event.reply.set_exception(E.NotControllerError(f"broker {self.broker_id} is not the controller"))
             return True
         self.recent.append(event)
+        self.event_started = started
         try:
             with paused_gc():    # a failover or broker change builds a state per partition
                 HANDLERS[type(event)](self, event)
@@ -247,8 +251,18 @@ class Controller:
         except Exception:
             if not self.stopped.is_set():
                 log.exception("controller event %s failed", name)
+        finally:
+            self.event_started = None
         self.stats.event_done(started - queued_at, time.monotonic() - started)
         return True
+
+    def busy(self, longest_s: float) -> bool:
+        """Whether an event is being handled and started less than ``longest_s`` ago (any
+        thread may ask). The broker's periodic scans of every partition wait meanwhile:
+        they share this process's GIL with the event thread, and at 50,000 partitions they
+        held it for most of a controller failover."""
+        started = self.event_started
+        return started is not None and time.monotonic() - started < longest_s
 
     # ------------------------------------------------------------ election (seed 002)
     def _on_elect(self, _event=None) -> None:
@@ -331,9 +345,11 @@ class Controller:
         changed = restarted + self._elect_offline() + self._elect_for_offline_replicas()
         self._sync_partition_states(changed)
         decided = time.monotonic()
-        # Full state to every live broker: metadata first, then roles (one request built for all).
-        built = self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
-        self._send_leader_and_isr(list(ctx.states), prebuilt=built)
+        # Full state to every live broker: metadata first, then roles (one request built for
+        # all), both encoded before either is queued (ControllerChannelManager.held).
+        with self.channels.held():
+            built = self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
+            self._send_leader_and_isr(list(ctx.states), prebuilt=built)
         # The phases, so a slow failover says where its time went (ZooKeeper reads,
         # re-decided states, building and queueing the requests).
         log.info("controller failover: loaded %d topics, %d partitions and sent the full state to %d brokers "

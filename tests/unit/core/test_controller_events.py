@@ -5,12 +5,14 @@ The real Controller and ZkStore over the simulation's in-memory ZooKeeper."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
 import queue
 import sys
 import threading
+import time
 
 import pytest
 from kazoo.protocol.states import KazooState
@@ -33,6 +35,9 @@ class NoChannels:
 
     def send(self, broker_id, request, on_response=None):
         self.sent.append((broker_id, type(request).__name__.removesuffix("Request")))
+
+    def held(self):
+        return contextlib.nullcontext()
 
     def drain(self, timeout_s):
         return True
@@ -81,6 +86,36 @@ def test_watch_events_coalesce_instead_of_being_dropped():
     c.do_work()
     c.enqueue(V.BrokerChange())
     assert queued(c) == [V.PartitionChange("a"), V.PartitionChange("b"), V.BrokerChange()]
+
+
+def test_busy_while_an_event_is_handled_and_the_broker_housekeeping_waits_for_it(monkeypatch):
+    """Controller.busy says an event is being handled (bounded by the age asked for); the
+    broker's loops that scan every partition skip their turns meanwhile (they share the
+    GIL with the event thread), the others do not, and none waits for an event past the bound."""
+    from replikafka.broker.server import BrokerServer
+
+    c = controller(SimZooKeeper(), 1)
+    seen = []
+    monkeypatch.setitem(C.HANDLERS, V.Elect, lambda self, _e: seen.append((self.busy(10.0), self.busy(0.0))))
+    assert not c.busy(10.0)
+    c.enqueue(V.Elect())
+    c.do_work()
+    assert seen == [(True, False)] and not c.busy(10.0)
+
+    server = object.__new__(BrokerServer)       # only what _loop uses: stop flag, threads, controller
+    server.stopped, server.threads, server.controller = threading.Event(), [], c
+    turns = {"scan": 0, "other": 0}
+    c.event_started = time.monotonic()           # an event being handled, as do_work marks it
+    server._loop("scan", lambda: turns.__setitem__("scan", turns["scan"] + 1), 5, yields_to_controller=True)
+    server._loop("other", lambda: turns.__setitem__("other", turns["other"] + 1), 5)
+    time.sleep(0.3)
+    assert turns["scan"] == 0 and turns["other"] > 0
+    c.event_started = time.monotonic() - 11.0    # stuck past HOUSEKEEPING_DEFER_MAX_S: no longer waited for
+    time.sleep(0.3)
+    assert turns["scan"] > 0
+    server.stopped.set()
+    for t in server.threads:
+        t.join(5)
 
 
 def test_a_full_queue_blocks_a_watch_event_until_there_is_room():

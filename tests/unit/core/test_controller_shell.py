@@ -8,6 +8,7 @@ checked here too: the controller's side (``controller_rpc``) and the broker's si
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import sys
 
@@ -37,12 +38,23 @@ class RecordingChannels:
         self.sent: list[tuple[int, object]] = []
         self.live: dict = {}
         self.answer = lambda broker, request: M.ControllerRequestResult()
+        self.holding = False
+        self.sent_held: list[bool] = []   # per request sent: whether inside held()
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
 
     def set_brokers(self, live):
         self.live = dict(live)
 
     def send(self, broker_id, request, on_response=None):
         self.sent.append((broker_id, request))
+        self.sent_held.append(self.holding)
         if on_response is not None:
             on_response(broker_id, self.answer(broker_id, request))
 
@@ -104,6 +116,8 @@ def test_failover_sends_the_full_metadata_then_each_broker_its_roles(cluster):
     metadata = M.UpdateMetadataRequest(1, 1, (t0, t1), live, topics, full=True)
     assert sent == [(1, metadata), (2, metadata), (3, metadata)] + [
         (b, M.LeaderAndIsrRequest(1, 1, cluster.epochs[b], (t0, t1), topics, live)) for b in (3, 1, 2)]
+    # all encoded before any is queued (ControllerChannelManager.held)
+    assert cluster.channels.sent_held == [True] * len(sent)
 
 
 def test_a_broker_failure_moves_its_leaderships_and_tells_the_survivors(cluster):
@@ -314,4 +328,17 @@ def test_the_channel_manager_encodes_a_broadcast_once_and_answers_in_plain_data(
     assert pb.UpdateMetadataRequest.FromString(manager._states.previous[id(moved)][1]).partitions[0] == first
     assert manager.channels[1].got[-1] == ("UpdateMetadata", controller_rpc.update_metadata_wire(
         M.UpdateMetadataRequest(5, 3, (moved,))))
+    # held: encoded at once, queued only when the block ends, in order
+    before = {b: len(manager.channels[b].got) for b in (1, 2)}
+    with manager.held():
+        manager.send(2, update)
+        with manager.held():
+            manager.send(2, lai)
+        manager.send(1, lai)
+        assert {b: len(manager.channels[b].got) for b in (1, 2)} == before
+    assert manager.channels[2].got[before[2]:] == [("UpdateMetadata", w1),
+                                                   ("LeaderAndIsr", controller_rpc.leader_and_isr_wire(lai))]
+    assert manager.channels[1].got[before[1]:] == [("LeaderAndIsr", controller_rpc.leader_and_isr_wire(lai))]
+    manager.send(2, update)
+    assert len(manager.channels[2].got) == before[2] + 3      # and not held after it
     manager.channels = {}
