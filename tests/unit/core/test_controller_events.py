@@ -118,6 +118,28 @@ def test_busy_while_an_event_is_handled_and_the_broker_housekeeping_waits_for_it
         t.join(5)
 
 
+def test_a_stream_of_controller_events_holds_the_housekeeping_off_no_longer_than_the_bound(monkeypatch):
+    """One event after another, each fresh (busy every time a loop looks): a scanning loop
+    still runs once it has not run for HOUSEKEEPING_DEFER_MAX_S."""
+    from replikafka.broker import server as server_module
+    from replikafka.broker.server import BrokerServer
+    monkeypatch.setattr(server_module, "HOUSEKEEPING_DEFER_MAX_S", 0.3)
+
+    class AlwaysBusy:
+        def busy(self, longest_s):
+            return True
+
+    server = object.__new__(BrokerServer)
+    server.stopped, server.threads, server.controller = threading.Event(), [], AlwaysBusy()
+    turns = []
+    server._loop("scan", lambda: turns.append(time.monotonic()), 5, yields_to_controller=True)
+    time.sleep(1.2)
+    server.stopped.set()
+    for t in server.threads:
+        t.join(5)
+    assert 2 <= len(turns) <= 5, turns
+
+
 def test_a_full_queue_blocks_a_watch_event_until_there_is_room():
     c = controller(SimZooKeeper(), 1)
     c.events = queue.Queue(maxsize=2)
