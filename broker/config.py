@@ -488,7 +488,8 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "(reopened on the next use), so open files follow busy partitions, not partitions.",
        Range(0, LONG_MAX)),
     _k("log.open.max.partitions", INT, 0, "partitions",
-       "At most this many partitions hold open files and memory maps at once (up to 3 of each); using "
+       "At most this many partitions hold open files and memory maps at once (1 file or map each, 3 "
+       "once their indexes are written); using "
        "one more closes the least recently used ones' (reopened on their next use). 0: derived from "
        "the process's open-file limit and vm.max_map_count.", Range(0, INT_MAX)),
     # topics and leadership

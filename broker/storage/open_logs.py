@@ -33,9 +33,14 @@ log = logging.getLogger(__name__)
 
 #: An overflow releases least recently used logs until this fraction of the cap is left.
 LOW_WATER = 0.9
-#: Descriptors and mappings one open log holds at most: the active segment's data file,
-#: offset index and time index (older segments are only mapped while read).
-RESOURCES_PER_LOG = 3
+#: Descriptors and mappings a used log holds, as the derived cap counts them: its active
+#: segment's data file (written) or mapping (read). Its two index files hold descriptors
+#: only once a flush or release wrote their entries (up to 3 then), so a cap counting 3
+#: for every log was a third of what the limit allows: at 50,000 partitions on a 20,000
+#: file limit it closed and reopened files through a failover's first writes (one
+#: process, 8,333 new leaders written twice: 3.0 and 4.9 s against 2.4 and 3.0 s
+#: uncapped). A limit reached anyway is a retriable error, not a failed disk.
+RESOURCES_PER_LOG = 1
 #: Descriptors kept for everything but logs (sockets, checkpoints, ZooKeeper, Flight) when
 #: the cap is derived from the process's limits.
 RESERVED_DESCRIPTORS = 2048

@@ -428,8 +428,8 @@ def test_a_log_busy_in_another_thread_is_not_released_for_the_cap_and_stays_coun
 
 def test_the_derived_cap_follows_the_open_file_limit_and_the_map_limit():
     from replikafka.broker.storage.open_logs import RESERVED_DESCRIPTORS, derived_max_logs
-    assert derived_max_logs(20_000, 65_530) == (20_000 - RESERVED_DESCRIPTORS) // 3
-    assert derived_max_logs(1 << 20, 65_530) == (65_530 - RESERVED_DESCRIPTORS) // 3
+    assert derived_max_logs(20_000, 65_530) == 20_000 - RESERVED_DESCRIPTORS
+    assert derived_max_logs(1 << 20, 65_530) == 65_530 - RESERVED_DESCRIPTORS
     assert derived_max_logs(256, 65_530) == 16             # a tiny limit still leaves some room
     assert derived_max_logs() >= 16
 
