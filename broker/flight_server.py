@@ -46,6 +46,7 @@ from replikafka import records as R
 from replikafka.broker import replica_fetch_codec, replica_rpc
 from replikafka.broker.flight_security import MIDDLEWARE_KEY, allowed, require
 from replikafka.broker.wire_limits import WireLimits, check_request_entries
+from replikafka.broker.replica.replica_manager import partition_read_error
 from replikafka.broker.storage.log import clip_stored
 from replikafka.protocol import flight_produce, flight_ticket
 from replikafka.protocol import replikafka_pb2 as pb
@@ -167,7 +168,12 @@ class BrokerFlightServer(fl.FlightServerBase):
                 schema = pa.schema([schema.field(c) for c in t.columns])
 
             def read(offset, max_bytes, end):
-                return part.read_committed(offset, max_bytes, t.current_leader_epoch, end).data
+                try:
+                    return part.read_committed(offset, max_bytes, t.current_leader_epoch, end).data
+                except E.ReplikafkaError:
+                    raise
+                except Exception as exc:   # a file or mapping refused (the disk, the process's limits):
+                    raise partition_read_error(t.topic, t.partition, exc) from None   # named, as Fetch
             batches = stream_ticket(t, read)
             head = next(batches, None)    # the first read's errors fail the call itself
             if head is None and t.max_wait_ms and (t.end_offset < 0 or t.end_offset > t.start_offset):

@@ -320,6 +320,8 @@ def test_a_broker_out_of_open_files_keeps_its_log_dir_online_and_what_it_stored(
             time.sleep(4)                         # idle logs give back their files meanwhile
             todo = [p for p, _c, _m in produce(todo)]
         assert todo == []
+        # Reads map files too: once idle logs gave their files back, every record is there.
+        wait_until(lambda: _open_fds(cluster.procs[1].pid) < 300, what="idle logs giving their files back")
         c = replikafka.Consumer(cluster.bootstrap_servers)
         assert set(c.end_offsets([("wide", p) for p in range(n)]).values()) == {1}
         c.close()
