@@ -585,3 +585,38 @@ def test_a_request_to_many_partitions_goes_as_one_produce_and_kept_calls_stay_bo
         got = _fetch_read(bs, "wide", q, 0, 3)
         assert got.column("value").to_pylist() == [b"value-%08d" % r + b"x" * (r % 50) for r in (0, 10, 20)]
     admin.close()
+
+
+def test_a_segment_the_broker_cannot_open_is_a_named_retriable_read_error_and_nothing_else_stops(cluster_factory):
+    """A DoGet whose segment file cannot be opened (gone from under an idle, released log;
+    or the process out of descriptors) is refused as that partition's KAFKA_STORAGE_ERROR,
+    the retriable code Fetch gives, not an internal error with a traceback; the other
+    partitions are served meanwhile, and the same read succeeds once the file is back."""
+    cluster = cluster_factory(1, log_idle_release_ms=200)
+    bs = cluster.bootstrap_servers
+    admin = replikafka.Admin(bs)
+    admin.create_topic("moved", partitions=2, replication_factor=1, schema=SCHEMA)
+    n = _produce(bs, "moved", 0, [10])
+    _produce(bs, "moved", 1, [10])
+    cl = Cluster(bs)
+    client = fl.connect(f"grpc+tcp://{cl.flight(1)}")
+
+    def read(partition: int) -> pa.Table:
+        return client.do_get(fl.Ticket(json.dumps({"v": 1, "topic": "moved", "partition": partition,
+                                                   "start_offset": 0, "end_offset": n}).encode())).read_all()
+
+    segment = os.path.join(cluster.base_dir, "broker-1-logs", "moved-0", "00000000000000000000.arrows")
+    time.sleep(2.5)                      # idle: the log gave its file and mapping back
+    os.rename(segment, segment + ".away")
+    try:
+        with pytest.raises(fl.FlightError) as info:
+            read(0)
+        assert info.value.extra_info == b"KAFKA_STORAGE_ERROR", info.value
+        assert "moved-0" in str(info.value) and "Traceback" not in str(info.value), info.value
+        assert read(1).num_rows == n
+    finally:
+        os.rename(segment + ".away", segment)
+    assert read(0).num_rows == n
+    client.close()
+    cl.close()
+    admin.close()
