@@ -13,8 +13,10 @@ first, by :mod:`wire_limits`. These checks hold with or without
 authentication.
 
 The ZooKeeper reads go through a narrow :class:`ClusterTruth` (tests script
-it); the decisions are pure functions. Thread-safe: the confirmed epoch is
-kept under a lock.
+it); the decisions are pure functions. A topic's assignment is read whole
+once per znode version and kept (:class:`AssignmentCache`): each request asks
+ZooKeeper only for the version, as a stat. Thread-safe: the confirmed epoch
+and the kept assignments are under locks.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Protocol
 
 from replikafka import errors as E
 from replikafka.broker import wire_limits as W
+from replikafka.broker.zk_store import topic_path
 from replikafka.protocol import replikafka_pb2 as pb
 from replikafka.protocol.rpc_errors import to_pb
 
@@ -36,10 +39,66 @@ class ClusterTruth(Protocol):
     def controller_epoch(self) -> tuple[int, int]: ...
     def get_controller_id(self) -> int: ...
     def get_assignment(self, topic: str) -> dict[int, list[int]] | None: ...
+    def assignment_version(self, topic: str) -> int | None: ...   # changes with every write; None: no topic
     def live_brokers(self, epochs: dict[int, int] | None = None) -> dict[int, tuple[str, int]]: ...
     def topics_pending_deletion(self) -> list[str]: ...
     def get_reassignment(self) -> dict[tuple[str, int], list[int]]: ...
     def partition_removals(self) -> dict[str, set[int]]: ...
+
+
+#: Topics whose assignment the guard keeps (all are dropped when one more is read).
+ASSIGNMENT_CACHE_TOPICS_MAX = 1000
+
+
+class ZkClusterTruth:
+    """A :class:`ClusterTruth` over a ``broker/zk_store.ZkStore``: its reads, and what
+    identifies the current contents of a topic's assignment znode (a stat: no data
+    moves)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def assignment_version(self, topic: str) -> int | None:
+        """The znode's mzxid (None: no such topic). Not its version: a topic deleted
+        and created again starts at version 0 again; no two writes share an mzxid."""
+        stat = self.store.zk.exists(topic_path(topic))
+        return None if stat is None else stat.mzxid
+
+
+class AssignmentCache:
+    """Topic -> (znode version, assignment): a topic's assignment decoded once per
+    version. A failover's LeaderAndIsr and UpdateMetadata each re-read and decoded
+    the whole assignment (50,000 partitions: a megabyte of JSON, ~0.3 s of a
+    survivor's GIL each, while it should be taking up its new leaders). The version
+    is read before the data, so what is kept is never older than the version it is
+    kept under (a write in between only costs a second read). Thread-safe."""
+
+    def __init__(self, truth: ClusterTruth, max_topics: int = ASSIGNMENT_CACHE_TOPICS_MAX):
+        self.truth = truth
+        self.max_topics = max_topics
+        self.lock = threading.Lock()
+        self.kept: dict[str, tuple[int, dict[int, list[int]]]] = {}
+
+    def get(self, topic: str) -> dict[int, list[int]] | None:
+        version = self.truth.assignment_version(topic)
+        if version is None:
+            with self.lock:
+                self.kept.pop(topic, None)
+            return None
+        with self.lock:
+            kept = self.kept.get(topic)
+        if kept is not None and kept[0] == version:
+            return kept[1]
+        assignment = self.truth.get_assignment(topic)
+        if assignment is not None:
+            with self.lock:
+                if len(self.kept) >= self.max_topics:
+                    self.kept.clear()
+                self.kept[topic] = (version, assignment)
+        return assignment
 
 
 class ControlPlaneGuard:
@@ -48,6 +107,7 @@ class ControlPlaneGuard:
         self.limits = limits
         self.lock = threading.Lock()
         self.confirmed: tuple[int, int] = (-1, -1)    # (controller epoch, controller id) ZooKeeper confirmed
+        self.assignments = AssignmentCache(truth)
 
     def check_controller(self, controller_id: int, controller_epoch: int) -> None:
         """Raise unless (controller_id, controller_epoch) is the controller ZooKeeper names
@@ -75,7 +135,7 @@ class ControlPlaneGuard:
 
     # ---- per-entry filters ----------------------------------------------------------
     def _assignments(self, topics) -> dict[str, dict[int, list[int]] | None]:
-        return {t: self.truth.get_assignment(t) for t in set(topics)}
+        return {t: self.assignments.get(t) for t in set(topics)}
 
     def _partition_error(self, topic: str, partition: int, assignments) -> E.ReplikafkaError | None:
         assignment = assignments.get(topic)
@@ -180,7 +240,7 @@ class ControlPlaneGuard:
             log.warning("UpdateMetadata from controller %d: ignored %d brokers, %d partitions, %d topics that "
                         "ZooKeeper does not know (or that are not legal)", req.controller_id, *dropped)
         named = set(req.deleted_topics) | (set(cached_topics) - {t.name for t in topics} if req.full else set())
-        deleted = [t for t in sorted(named) if self.truth.get_assignment(t) is None]
+        deleted = [t for t in sorted(named) if self.assignments.get(t) is None]
         return pb.UpdateMetadataRequest(controller_id=req.controller_id, controller_epoch=req.controller_epoch,
                                         partitions=kept, live_brokers=brokers, topics=topics,
                                         deleted_topics=deleted, full=False)

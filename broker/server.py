@@ -40,7 +40,7 @@ from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGE
 from replikafka.broker.controller.controller_events import SessionReestablished, TopicConfigChange
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
 from replikafka.broker.startup_failure import check_port_free, startup_failure_line
-from replikafka.broker.control_plane_guard import ControlPlaneGuard
+from replikafka.broker.control_plane_guard import ControlPlaneGuard, ZkClusterTruth
 from replikafka.broker.storage.log_manager import LogManager
 from replikafka.broker.security import BrokerSecurity
 from replikafka.broker.wire_limits import WireLimits
@@ -175,7 +175,7 @@ class BrokerServer:
         # KIP-112: with every log dir offline, a clean shutdown (the SIGTERM path: controlled shutdown first).
         self.replica_manager.on_all_dirs_offline = lambda: os.kill(os.getpid(), signal.SIGTERM)
         self.admin_manager = AdminManager(cfg, self.store, self.metadata)
-        self.control_guard = ControlPlaneGuard(self.store, WireLimits.from_config(cfg))
+        self.control_guard = ControlPlaneGuard(ZkClusterTruth(self.store), WireLimits.from_config(cfg))
         self._serve_grpc()
         self.http = start_http(self)
         if self.http is not None:

@@ -13,6 +13,19 @@ class ZkView:
     def __init__(self, assignments, deleting=(), moving=None, removing=None):
         self.assignments, self.deleting = assignments, list(deleting)
         self.moving, self.removing = moving or {}, removing or {}
+        self.zxid = 1
+        self.versions = {t: self.zxid for t in assignments}   # each topic znode's mzxid
+        self.reads = 0                                        # whole assignments read
+
+    def write(self, topic, assignment):
+        """ZooKeeper's assignment of ``topic`` changes (None: the topic is gone)."""
+        self.zxid += 1
+        if assignment is None:
+            self.assignments.pop(topic, None)
+            self.versions.pop(topic, None)
+        else:
+            self.assignments[topic] = assignment
+            self.versions[topic] = self.zxid
 
     def controller_epoch(self):
         return 5, 0
@@ -21,7 +34,11 @@ class ZkView:
         return 1
 
     def get_assignment(self, topic):
+        self.reads += 1
         return self.assignments.get(topic)
+
+    def assignment_version(self, topic):
+        return self.versions.get(topic)
 
     def live_brokers(self, epochs=None):
         return {}
@@ -77,3 +94,30 @@ def test_a_leader_and_isr_keeps_its_broker_epoch_and_goes_as_it_came_when_all_of
     out, errors = guard.filter_leader_and_isr(request(0, 7))        # partition 7 is not ZooKeeper's
     assert [s.partition for s in out.partitions] == [0] and [(e.topic, e.partition) for e in errors] == [("t", 7)]
     assert (out.broker_epoch, out.controller_id, out.controller_epoch) == (77, 1, 5)
+
+
+def test_an_assignment_is_read_once_per_znode_version_and_a_new_version_is_obeyed():
+    """Each LeaderAndIsr asks ZooKeeper only for the topic's znode version; the whole
+    assignment is read again when that version moved (a partition added, the topic
+    deleted), and a request is judged against the new one."""
+    view = ZkView({"t": {0: [1, 2], 1: [1, 2]}})
+    guard = ControlPlaneGuard(view, WireLimits())
+
+    def refused(*partitions):
+        req = pb.LeaderAndIsrRequest(controller_id=1, controller_epoch=5)
+        for p in partitions:
+            req.partitions.add(topic="t", partition=p, leader=1, leader_epoch=3, isr=[1, 2], replicas=[1, 2])
+        _out, errors = guard.filter_leader_and_isr(req)
+        return [e.partition for e in errors]
+
+    assert refused(0, 1, 2) == [2] and view.reads == 1
+    assert refused(0, 1, 2) == [2] and view.reads == 1          # same version: not read again
+    view.write("t", {0: [1, 2], 1: [1, 2], 2: [1, 2]})           # partition 2 added
+    assert refused(0, 1, 2) == [] and view.reads == 2
+    view.write("t", None)                                         # the topic is deleted
+    assert refused(0) == [0]
+    view.write("t", {0: [1, 2]})                                  # and created again
+    assert refused(0, 1) == [1] and view.reads == 3
+    view.write("t", None)                                         # deleted and created again between two
+    view.write("t", {0: [3, 4]})                                  # requests, elsewhere (a new znode: its
+    assert refused(0) == [0] and view.reads == 4                  # version restarts, its mzxid does not)
