@@ -12,10 +12,18 @@ Layout (ARCHITECTURE.md; JSON values carry ``"version": 1``)::
     /admin/reassign_partitions                    {"version":1,"partitions":[{"topic":t,"partition":p,"replicas":[..]}]}
     /admin/preferred_replica_election             {"version":1,"partitions":[{"topic":t,"partition":p}]}
     /isr_change_notification/isr_change_NNNN      {"version":1,"partitions":[{"topic":t,"partition":p}]}
+    /log_dir_event_notification/log_dir_event_NNNN {"version":1,"broker":N,"event":1,"partitions":[..]}
     /latest_producer_id_block                     {"version":1,"block_start":S,"block_end":E}
 
 Thread-safe: kazoo clients are; this class holds no state but the client.
 Every partition-state update is a conditional write on the znode version.
+
+Size: ZooKeeper drops the connection of any request over its ``jute.maxbuffer``
+(1 MiB by default), and the client sees only ``ConnectionLoss``. So no write
+here carries more than ``ZNODE_DATA_BYTES_MAX``: notifications listing
+partitions are split over several sequential znodes (their readers take all
+children anyway), and a document that cannot be split (a topic's assignment,
+a reassignment plan, an election) is refused with a named error instead.
 """
 from __future__ import annotations
 
@@ -52,6 +60,9 @@ PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 PRODUCER_ID_BLOCK_SIZE = 1000
 # One ZooKeeper multi is limited by jute.maxbuffer (~1 MB); stay well below it.
 MULTI_OPS_MAX = 1000
+#: The most data one znode write (or a topic's creation, one multi) carries, in bytes:
+#: jute.maxbuffer's default is 1,048,575 and the request holds paths and headers besides.
+ZNODE_DATA_BYTES_MAX = 1_024_000
 
 LOG_DIR_EVENT = "/log_dir_event_notification"
 PERSISTENT_PATHS = (BROKER_IDS, BROKER_TOPICS, CONFIG_TOPICS, CONFIG_CHANGES, DELETE_TOPICS, PARTITIONS_REMOVE,
@@ -94,6 +105,47 @@ class _StateDecoder(dict):
 
 def _json(d: dict) -> bytes:
     return json.dumps({"version": 1, **d}, sort_keys=True).encode()
+
+
+def _sized(data: bytes, what: str, error, hint: str) -> bytes:
+    """``data`` if one znode can hold it, else ``error`` (a ReplikafkaError class) naming
+    ``what``, its size and the limit, with ``hint``: sent anyway, ZooKeeper would only
+    drop the connection."""
+    if len(data) > ZNODE_DATA_BYTES_MAX:
+        raise error(f"{what} would be {len(data):,} bytes in ZooKeeper, over the {ZNODE_DATA_BYTES_MAX:,} one "
+                    f"znode may hold (the server's jute.maxbuffer): {hint}")
+    return data
+
+
+def partition_list_batches(tps, doc=lambda entries: _json({"partitions": entries})) -> list[list[tuple[str, int]]]:
+    """``tps`` in order, cut into as few runs as keep each run's document (``doc`` of its
+    ``{"topic", "partition"}`` entries) within ``ZNODE_DATA_BYTES_MAX``."""
+    envelope = len(doc([])) + 64          # the document around the list, with room to spare
+    batches: list[list[tuple[str, int]]] = []
+    run: list[tuple[str, int]] = []
+    size = envelope
+    for t, p in tps:
+        # json.dumps of {"partition": p, "topic": t} plus the ", " that separates entries
+        entry = len(json.dumps(t)) + len(str(p)) + 28
+        if run and size + entry > ZNODE_DATA_BYTES_MAX:
+            batches.append(run)
+            run, size = [], envelope
+        run.append((t, p))
+        size += entry
+    if run:
+        batches.append(run)
+    return batches
+
+
+def _partition_entries(tps) -> list[dict]:
+    return [{"topic": t, "partition": p} for t, p in tps]
+
+
+def _assignment_json(topic: str, assignment: dict[int, list[int]]) -> bytes:
+    from replikafka.errors import InvalidPartitionsError
+    return _sized(_json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}),
+                  f"the assignment of topic {topic!r} ({len(assignment):,} partitions)", InvalidPartitionsError,
+                  "spread the partitions over more topics")
 
 
 def topic_path(topic: str) -> str:
@@ -310,13 +362,17 @@ class ZkStore:
     def create_topic(self, topic: str, assignment: dict[int, list[int]], schema: bytes,
                      config: dict[str, str]) -> None:
         """Config first, then the assignment the controller watches (one multi)."""
-        tx = self.zk.transaction()
+        from replikafka.errors import InvalidPartitionsError
         cfg = _json({"config": config, "schema": base64.b64encode(schema).decode()})
+        assignment_json = _assignment_json(topic, assignment)
+        _sized(cfg + assignment_json, f"topic {topic!r} ({len(assignment):,} partitions, its schema and config)",
+               InvalidPartitionsError, "spread the partitions over more topics")
+        tx = self.zk.transaction()
         if self.zk.exists(f"{CONFIG_TOPICS}/{topic}"):
             tx.set_data(f"{CONFIG_TOPICS}/{topic}", cfg)
         else:
             tx.create(f"{CONFIG_TOPICS}/{topic}", cfg)
-        tx.create(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}))
+        tx.create(topic_path(topic), assignment_json)
         results = tx.commit()
         for r in results:
             if isinstance(r, NodeExistsError):
@@ -337,8 +393,7 @@ class ZkStore:
             assignment = {int(p): [int(b) for b in r] for p, r in json.loads(data)["partitions"].items()}
             assignment.update({p: list(r) for p, r in changes.items()})
             try:
-                self.zk.set(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}),
-                            version=stat.version)
+                self.zk.set(topic_path(topic), _assignment_json(topic, assignment), version=stat.version)
                 return assignment
             except BadVersionError:
                 continue
@@ -403,8 +458,7 @@ class ZkStore:
             if kept == assignment:
                 break
             try:
-                self.zk.set(topic_path(topic), _json({"partitions": {str(p): r for p, r in sorted(kept.items())}}),
-                            version=stat.version)
+                self.zk.set(topic_path(topic), _assignment_json(topic, kept), version=stat.version)
                 break
             except BadVersionError:
                 continue
@@ -431,9 +485,11 @@ class ZkStore:
     # ------------------------------------------------------------ reassignment (seed 003)
     def create_reassignment(self, plan: dict[tuple[str, int], list[int]]) -> None:
         """Write ``/admin/reassign_partitions``; refused while one is in progress."""
-        from replikafka.errors import ReassignmentInProgressError
+        from replikafka.errors import InvalidRequestError, ReassignmentInProgressError
+        data = _sized(reassignment_to_json(plan), f"a reassignment of {len(plan):,} partitions", InvalidRequestError,
+                      "move the partitions in several smaller reassignments, one after another")
         try:
-            self.zk.create(REASSIGN_PARTITIONS, reassignment_to_json(plan), makepath=True)
+            self.zk.create(REASSIGN_PARTITIONS, data, makepath=True)
         except NodeExistsError:
             raise ReassignmentInProgressError(
                 f"a partition reassignment is already in progress ({REASSIGN_PARTITIONS} exists); "
@@ -461,8 +517,11 @@ class ZkStore:
 
     # ------------------------------------------------------------ preferred replica election
     def create_preferred_election(self, tps: list[tuple[str, int]]) -> None:
-        from replikafka.errors import ElectionInProgressError
-        data = _json({"partitions": [{"topic": t, "partition": p} for t, p in sorted(tps)]})
+        from replikafka.errors import ElectionInProgressError, InvalidRequestError
+        data = _sized(_json({"partitions": _partition_entries(sorted(tps))}),
+                      f"a preferred replica election of {len(tps):,} partitions", InvalidRequestError,
+                      "elect them in several smaller sets, one after another (partition_list_batches; the "
+                      "preferred-replica-election command does this by itself)")
         try:
             self.zk.create(PREFERRED_REPLICA_ELECTION, data, makepath=True)
         except NodeExistsError:
@@ -627,15 +686,19 @@ class ZkStore:
 
     # ------------------------------------------------------------ ISR change notifications
     def notify_isr_change(self, tps: list[tuple[str, int]]) -> None:
-        data = _json({"partitions": [{"topic": t, "partition": p} for t, p in tps]})
-        self.zk.create(f"{ISR_CHANGE}/isr_change_", data, sequence=True, makepath=True)
+        """One sequential znode, or several when the list would not fit in one."""
+        for batch in partition_list_batches(tps):
+            self.zk.create(f"{ISR_CHANGE}/isr_change_", _json({"partitions": _partition_entries(batch)}),
+                           sequence=True, makepath=True)
 
     def notify_log_dir_failure(self, broker_id: int, tps: list[tuple[str, int]]) -> None:
         """Kafka's log dir event notification (KIP-112), with the partitions that went
         offline (so the controller needs no round trip to learn them)."""
-        data = _json({"version": 1, "broker": broker_id, "event": 1,
-                      "partitions": [{"topic": t, "partition": p} for t, p in tps]})
-        self.zk.create(f"{LOG_DIR_EVENT}/log_dir_event_", data, sequence=True, makepath=True)
+        def doc(entries):
+            return _json({"version": 1, "broker": broker_id, "event": 1, "partitions": entries})
+        for batch in partition_list_batches(tps, doc) if tps else [[]]:
+            self.zk.create(f"{LOG_DIR_EVENT}/log_dir_event_", doc(_partition_entries(batch)), sequence=True,
+                           makepath=True)
 
     def take_log_dir_events(self, watch=None) -> dict[int, set[tuple[str, int]]]:
         """Read and delete the log dir event notifications: broker -> its offline partitions."""

@@ -194,3 +194,50 @@ def test_state_multi_replies_parse_as_kazoos_transaction_does():
         assert [r for r in versions if not isinstance(r, Exception)] == [
             r.version for r in theirs[1:] if not isinstance(r, Exception)]
     assert _StateMulti.deserialize(ok, 2) == (True, [stats[0][4], stats[1][4]])
+
+
+# ZooKeeper drops the connection of a request over jute.maxbuffer (1 MiB): the client sees
+# only ConnectionLoss. A long topic name makes 30,000 partitions about 2 MB of list.
+LONG_TOPIC = "orders-" + "x" * 40
+MANY = [(LONG_TOPIC, p) for p in range(30_000)]
+
+
+def test_long_notifications_are_split_over_znodes_and_read_whole(kazoo_client):
+    from replikafka.broker.zk_store import ISR_CHANGE, LOG_DIR_EVENT, ZNODE_DATA_BYTES_MAX
+
+    store = ZkStore(kazoo_client)
+    store.ensure_paths()
+    store.notify_isr_change(MANY)
+    store.notify_log_dir_failure(3, MANY)
+    for parent in (ISR_CHANGE, LOG_DIR_EVENT):
+        children = kazoo_client.get_children(parent)
+        assert len(children) >= 2, f"{parent}: one znode for about 2 MB"
+        assert all(len(kazoo_client.get(f"{parent}/{c}")[0]) <= ZNODE_DATA_BYTES_MAX for c in children)
+    assert store.take_isr_change_notifications() == set(MANY)
+    assert store.take_log_dir_events() == {3: set(MANY)}
+    assert kazoo_client.get_children(ISR_CHANGE) == [] and kazoo_client.get_children(LOG_DIR_EVENT) == []
+    store.notify_log_dir_failure(4, [])          # a dir with no partitions still tells the controller
+    assert store.take_log_dir_events() == {4: set()}
+
+
+def test_documents_too_big_for_a_znode_are_refused_by_name_and_the_client_keeps_working(kazoo_client):
+    from replikafka import errors as E
+    from replikafka.broker.zk_store import partition_list_batches
+
+    store = ZkStore(kazoo_client)
+    store.ensure_paths()
+    with pytest.raises(E.InvalidRequestError, match=r"preferred replica election of 30,000 partitions would be "
+                                                     r"[\d,]+ bytes.*jute.maxbuffer"):
+        store.create_preferred_election(MANY)
+    with pytest.raises(E.InvalidRequestError, match=r"reassignment of 30,000 partitions"):
+        store.create_reassignment({tp: [1, 2, 3] for tp in MANY})
+    with pytest.raises(E.InvalidPartitionsError, match=r"assignment of topic 'big' \(100,000 partitions\)"):
+        store.create_topic("big", {p: [1, 2, 3] for p in range(100_000)}, b"schema", {})
+    assert store.get_assignment("big") is None and store.get_preferred_election() is None
+    # In rounds that each fit, the same election goes through, and the session never broke.
+    batches = partition_list_batches(MANY)
+    assert len(batches) >= 2 and [tp for b in batches for tp in b] == MANY
+    for batch in batches:
+        store.create_preferred_election(batch)
+        assert store.get_preferred_election() == sorted(batch)
+        store.delete_preferred_election()

@@ -6,6 +6,8 @@ Writes ``/admin/preferred_replica_election`` (all partitions, or those in
 ``F``: ``{"partitions":[{"topic":"t","partition":0}]}``); the controller makes
 each partition's first replica its leader where that replica is alive and in
 the ISR, then removes the node. The command waits for that and reports.
+A list too long for one znode (ZooKeeper's jute.maxbuffer, about 25,000
+partitions for short topic names) is elected in several rounds, one after another.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def add_parser(sub, name):
     command_config.add_argument(p)
     p.add_argument("--zookeeper", metavar="H:P", help="or the cluster's ZooKeeper (with chroot)")
     p.add_argument("--path-to-json-file", metavar="F", help="only these partitions (default: all)")
-    p.add_argument("--timeout-ms", type=int, default=60_000, help="how long to wait for the controller")
+    p.add_argument("--timeout-ms", type=int, default=60_000, help="how long to wait for the controller (per round)")
     p.set_defaults(func=run)
 
 
@@ -50,6 +52,7 @@ def run(args) -> int:
     except ValueError as exc:
         sys.stderr.write(f"replikafka preferred-replica-election: error: {exc}\n")
         return 2
+    from replikafka.broker.zk_store import ZNODE_DATA_BYTES_MAX, partition_list_batches
     from replikafka.cli.topics_cmd import open_store
 
     if not args.bootstrap_server and not args.zookeeper:
@@ -67,13 +70,17 @@ def run(args) -> int:
         unknown = [f"{t}-{p}" for t, p in wanted if p not in assignments.get(t, {})]
         if unknown:
             raise E.UnknownTopicOrPartitionError(f"partitions {', '.join(unknown)} do not exist")
-        store.create_preferred_election(wanted)
-        print(f"Started preferred replica election for {len(wanted)} partitions.", flush=True)
-        deadline = time.monotonic() + args.timeout_ms / 1000.0
-        while store.get_preferred_election() is not None:
-            if time.monotonic() > deadline:
-                raise E.KafkaTimeoutError(f"the controller did not finish the election in {args.timeout_ms} ms")
-            time.sleep(0.2)
+        batches = partition_list_batches(wanted)
+        for i, batch in enumerate(batches):
+            store.create_preferred_election(batch)
+            print(f"Started preferred replica election for {len(batch)} partitions"
+                  + (f" (round {i + 1} of {len(batches)}: one znode holds at most {ZNODE_DATA_BYTES_MAX:,} bytes)."
+                     if len(batches) > 1 else "."), flush=True)
+            deadline = time.monotonic() + args.timeout_ms / 1000.0
+            while store.get_preferred_election() is not None:
+                if time.monotonic() > deadline:
+                    raise E.KafkaTimeoutError(f"the controller did not finish the election in {args.timeout_ms} ms")
+                time.sleep(0.2)
         # Leaders come from a broker's metadata, which may trail the finished election.
         states = cluster_admin.settled(
             store, lambda: store.get_partition_states(wanted),
