@@ -86,6 +86,10 @@ class ReplicaManager:
         # A pass over 25,000 leaders every 0.5 s held a quarter of the GIL at 50,000 partitions.
         self._isr_pass_due_ms = 0
         self._isr_candidates: set[Partition] = set()
+        # ISR changes written but not yet announced to the controller (the isr_change
+        # notification failed): sent again with the next pass's, as Kafka keeps its
+        # isrChangeSet until propagated, so no metadata cache keeps a stale ISR. Under ``lock``.
+        self._isr_changes_unannounced: set[TP] = set()
 
     # ------------------------------------------------------------ lookups
     def get(self, tp: TP) -> Partition | None:
@@ -683,12 +687,16 @@ class ReplicaManager:
             state_log.info("broker %d: %s-%d ISR -> %s (zk version %d)", self.broker_id, part.topic,
                            part.partition, list(new_isr), version)
             changed.append(part.tp)
-        if retry:
-            with self.lock:
-                self._isr_candidates.update(retry)
+        with self.lock:
+            self._isr_candidates.update(retry)
+            self._isr_changes_unannounced.update(changed)
+            unannounced = list(self._isr_changes_unannounced)
         if changed:
-            self.store.notify_isr_change(changed)
             self.notify_data()
+        if unannounced:
+            self.store.notify_isr_change(unannounced)   # if it raises, they are sent with the next pass's
+            with self.lock:
+                self._isr_changes_unannounced.difference_update(unannounced)
         if failure is not None:
             raise failure
         return len(changed)

@@ -299,6 +299,32 @@ def test_do_isr_work_learns_a_newer_version_of_its_own_epoch_and_retries(broker)
     assert broker.store.get_partition_state("t", 0) == (Z.LeaderAndIsr(1, 3, (1, 3), 1), 2)
 
 
+def test_do_isr_work_announces_a_change_again_when_its_notification_failed(broker, monkeypatch):
+    """The state znode was written but the isr_change notification was not (ZooKeeper
+    away): the change is announced with the next pass, so the controller learns it."""
+    broker.leader_and_isr(1, 3, (1, 2, 3))
+    broker.produce([b"a"])
+    broker.clock.advance(LAG_MS + 1)
+    broker.follower_fetch(3, 1)
+    announced = []
+    real = broker.store.notify_isr_change
+
+    def flaky(tps):
+        if not announced:
+            announced.append(None)
+            raise Z.ConnectionLoss()
+        announced.append(sorted(tps))
+        return real(tps)
+    monkeypatch.setattr(broker.store, "notify_isr_change", flaky)
+    with pytest.raises(Z.ConnectionLoss):
+        broker.rm.do_isr_work()
+    assert broker.store.get_partition_state("t", 0) == (Z.LeaderAndIsr(1, 3, (1, 3), 1), 1)   # written
+    assert broker.rm.do_isr_work() == 0                        # no new change, the old one announced
+    assert announced == [None, [TP]]
+    assert broker.store.take_isr_change_notifications() == {TP}
+    assert broker.rm.do_isr_work() == 0 and announced == [None, [TP]]   # once
+
+
 # ---------------------------------------------------------------- a fetcher's do_work()
 class ScriptedLeader:
     """A LeaderEndpoint answering from a real leader Partition; remembers every request."""
