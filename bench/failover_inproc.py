@@ -15,7 +15,13 @@ Each round, in a fresh child process:
   leads (what the bench's ``_write_all`` sends), wire bytes in, wire bytes out;
 * second write: the same again (a later write to a leader);
 * the background passes a broker runs every 0.5 s and 1 s (ISR maintenance, log
-  maintenance), twice each, with nothing for them to change.
+  maintenance), twice each, with nothing for them to change;
+* a replication round with nothing new, the two sides of what runs back to back
+  while the writes go on: fetch-serve, broker 2's follower fetch of every partition
+  broker 1 leads (wire bytes in, the follower codec's bytes out, no wait); and
+  fetch-follow, one round of broker 1's fetcher of the partitions it follows from
+  broker 2 (its request's wire bytes made, a recorded answer of that leader decoded
+  and applied).
 
 ``--root DIR`` loads the package from another worktree (DIR/python/replikafka,
 DIR/broker) to compare an older commit with this one, rounds interleaved::
@@ -75,7 +81,9 @@ def child(args) -> None:
     if args.root:
         _load_from(args.root[0])
     from replikafka import records as R
-    from replikafka.broker import replica_rpc
+    from replikafka.broker import replica_fetch_codec, replica_rpc
+    from replikafka.broker.replica import messages as M
+    from replikafka.broker.replica.replica_fetcher import ReplicaFetcher
     from replikafka.broker.config import BrokerConfig, log_config_for_topic
     from replikafka.broker.metadata_cache import MetadataCache
     from replikafka.broker.replica.replica_manager import ReplicaManager
@@ -149,7 +157,44 @@ def child(args) -> None:
     timed("isr-pass-2", rm.do_isr_work)
     timed("log-pass-1", lambda: logs.do_work(clock_ms()))
     timed("log-pass-2", lambda: logs.do_work(clock_ms()))
+    led = [p for p in range(n) if rm.get((TOPIC, p)).role == "leader"]
+    # A follower that names the HW it holds hears only of partitions with news (since
+    # this field came in); before, every partition it named was in each answer.
+    hw_known = "follower_high_watermark" in pb.FetchPartition.DESCRIPTOR.fields_by_name
+
+    def follower_request() -> bytes:
+        return pb.FetchRequest(replica_id=2, replica_epoch=20, max_wait_ms=0, min_bytes=1, max_bytes=10 << 20,
+                               partitions=[pb.FetchPartition(
+                                   topic=TOPIC, partition=p, fetch_offset=rm.get((TOPIC, p)).log.log_end_offset,
+                                   current_leader_epoch=rm.get((TOPIC, p)).leader_epoch, partition_max_bytes=1 << 20,
+                                   **({"follower_high_watermark": rm.get((TOPIC, p)).hw} if hw_known else {}))
+                                   for p in led]).SerializeToString()
+
+    def fetch_serve(serve: bytes) -> int:
+        answer = replica_fetch_codec.encode(replica_rpc.follower_fetch(rm, pb.FetchRequest.FromString(serve)))
+        return len(replica_fetch_codec.decode(answer).partitions)
+
+    fetch_serve(follower_request())   # the follower caught up with the writes (the HWs move)
+    serve = follower_request()
+    answered = timed("fetch-serve", lambda: fetch_serve(serve))
+    assert answered == (0 if hw_known else len(led)), answered
+    followed = {tp: epoch for tp, (leader, epoch) in rm.fetchers.following.items() if leader == 2}
+    answer = replica_fetch_codec.encode(replica_rpc.follower_fetch_response([] if hw_known else [
+        M.FetchPartitionResult(tp[0], tp[1], None, 0, 0, 0) for tp in followed]))
+
+    class RecordedLeader:
+        def fetch(self, request, timeout_s):
+            replica_rpc.fetch_request_pb(request).SerializeToString()
+            return replica_rpc.follower_fetch_results(replica_fetch_codec.decode(answer))
+
+    fetcher = ReplicaFetcher(1, 2, RecordedLeader(), rm.get, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
+                             backoff_ms=1000, request_timeout_s=30)
+    fetcher.add_many(followed)
+    for st in fetcher.states.values():
+        st.truncating = False
+    timed("fetch-follow", fetcher.do_work)
     out["mine"] = len(mine)
+    out["fetch"] = (len(led), len(followed))
     print("RESULT " + json.dumps(out), flush=True)
     logs.close()
 
@@ -178,9 +223,10 @@ def main() -> None:
                 print(res.stdout[-2000:], res.stderr[-4000:])
                 raise SystemExit(f"round {r} {root or 'this'} failed")
             got = json.loads(line[7:])
-            phases = "  ".join(f"{k} {v[0]:6.2f}s (cpu {v[1]:5.2f})" for k, v in got.items() if k != "mine")
+            phases = "  ".join(f"{k} {v[0]:6.2f}s (cpu {v[1]:5.2f})" for k, v in got.items()
+                               if k not in ("mine", "fetch"))
             print(f"round {r} {root or 'this':16s} load {load:5.2f}/{os.getloadavg()[0]:5.2f}  "
-                  f"leads {got['mine']}  {phases}", flush=True)
+                  f"leads {got['mine']} (fetches serve/follow {got.get('fetch')})  {phases}", flush=True)
 
 
 if __name__ == "__main__":

@@ -121,7 +121,9 @@ def fetch_request(req: pb.FetchRequest) -> M.FetchRequest:
     return M.FetchRequest(
         req.replica_id,
         tuple(M.FetchPartition(p.topic, p.partition, p.fetch_offset, p.current_leader_epoch, p.partition_max_bytes,
-                               p.last_fetched_epoch) for p in req.partitions),
+                               p.last_fetched_epoch,
+                               p.follower_high_watermark if p.HasField("follower_high_watermark") else None)
+              for p in req.partitions),
         max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes,
         replica_epoch=req.replica_epoch, columns=tuple(req.columns) or None)
 
@@ -133,7 +135,9 @@ def fetch_request_pb(req: M.FetchRequest) -> pb.FetchRequest:
         partitions=[pb.FetchPartition(topic=p.topic, partition=p.partition, fetch_offset=p.fetch_offset,
                                       current_leader_epoch=p.current_leader_epoch,
                                       partition_max_bytes=p.partition_max_bytes,
-                                      last_fetched_epoch=p.last_fetched_epoch) for p in req.partitions])
+                                      last_fetched_epoch=p.last_fetched_epoch,
+                                      follower_high_watermark=p.follower_high_watermark)
+                    for p in req.partitions])
 
 
 def _fetch_header(out: pb.FetchResponse, r: M.FetchPartitionResult) -> pb.FetchPartitionResponse:

@@ -163,6 +163,9 @@ class FetchPartition:
     current_leader_epoch: int = -1
     partition_max_bytes: int = 0       # 0: the request's budget
     last_fetched_epoch: int = -1
+    # A follower's HW (None: unknown): the leader leaves the partition out of its answer
+    # while it has nothing new for it (ReplicaManager.fetch).
+    follower_high_watermark: int | None = None
 
 
 @dataclass(frozen=True)

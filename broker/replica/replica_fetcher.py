@@ -36,7 +36,9 @@ class LeaderEndpoint(Protocol):
 class FetchState:
     leader_epoch: int
     truncating: bool = True
-    leader_log_end: int = -1     # the leader's LEO in its last answer (the fetcher's lag, for metrics)
+    # The leader's LEO in its last answer naming this partition (the fetcher's lag, for
+    # metrics); an answer leaving it out says the leader's LEO is ours.
+    leader_log_end: int = -1
     # A partition whose fetched data could not be appended (a corrupt batch, a disk
     # error) sits out until then (time.monotonic()), as Kafka's delayed partitions:
     # the other partitions keep replicating.
@@ -179,7 +181,7 @@ class ReplicaFetcher:
                 continue
             cache = part.log.leader_epoch_cache
             parts.append(M.FetchPartition(tp[0], tp[1], part.log.log_end_offset, s.leader_epoch, self.max_bytes,
-                                          cache.latest_epoch))
+                                          cache.latest_epoch, part.hw))
         if not parts:
             return False
         req = M.FetchRequest(self.broker_id, tuple(parts), max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
@@ -208,7 +210,9 @@ class ReplicaFetcher:
                               r.high_watermark, s.leader_epoch) is None:
                 failed += 1
             s.leader_log_end = r.log_end_offset
-        return failed < len(results)
+        # The leader leaves out the partitions it has no news for (ReplicaManager.fetch):
+        # an answer naming none is a long poll that ended with nothing new.
+        return not results or failed < len(results)
 
     def _isolated(self, tp, action, *args):
         """``action(*args)`` for one partition; if it raises, that partition alone sits

@@ -44,3 +44,16 @@ def test_stored_pieces_are_sent_in_order_as_one_partitions_batches():
 def test_a_malformed_response_is_refused_naming_the_fault(wire, named):
     with pytest.raises(ValueError, match=named):
         C.decode(wire)
+
+
+def test_a_followers_high_watermark_crosses_the_wire_and_its_absence_too():
+    """``follower_high_watermark`` is optional on the wire: 0 is a high watermark, not
+    "unknown" (a leader would leave out partitions of a follower that never said)."""
+    from replikafka.broker import replica_rpc
+    from replikafka.broker.replica import messages as M
+    req = M.FetchRequest(2, (M.FetchPartition("t", 0, 7, 3, 100, 2, 0), M.FetchPartition("t", 1, 7, 3, 100, 2, 5),
+                             M.FetchPartition("t", 2, 7, 3, 100, 2)), replica_epoch=9)
+    wire = replica_rpc.fetch_request_pb(req).SerializeToString()
+    got = replica_rpc.fetch_request(pb.FetchRequest.FromString(wire))
+    assert [p.follower_high_watermark for p in got.partitions] == [0, 5, None]
+    assert got == req
