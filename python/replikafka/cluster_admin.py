@@ -124,6 +124,13 @@ def parse_reassignment(data: bytes) -> dict[TP, list[int]]:
     return reassignment_from_json(data)
 
 
+def election_rounds(tps: list[TP]) -> tuple[list[list[TP]], int]:
+    """``tps`` cut into runs that each fit in one election znode, and that znode's
+    limit in bytes (ZooKeeper's jute.maxbuffer): a longer list is elected in rounds."""
+    from replikafka.broker import zk_store
+    return zk_store.partition_list_batches(tps), zk_store.ZNODE_DATA_BYTES_MAX
+
+
 def propose_assignment(n_partitions: int, rf: int, brokers: list[int],
                        rng: random.Random | None = None) -> dict[int, list[int]]:
     """Partition -> replicas over ``brokers``, placed as the controller places a new topic's."""

@@ -52,7 +52,6 @@ def run(args) -> int:
     except ValueError as exc:
         sys.stderr.write(f"replikafka preferred-replica-election: error: {exc}\n")
         return 2
-    from replikafka.broker.zk_store import ZNODE_DATA_BYTES_MAX, partition_list_batches
     from replikafka.cli.topics_cmd import open_store
 
     if not args.bootstrap_server and not args.zookeeper:
@@ -70,11 +69,11 @@ def run(args) -> int:
         unknown = [f"{t}-{p}" for t, p in wanted if p not in assignments.get(t, {})]
         if unknown:
             raise E.UnknownTopicOrPartitionError(f"partitions {', '.join(unknown)} do not exist")
-        batches = partition_list_batches(wanted)
+        batches, znode_bytes_max = cluster_admin.election_rounds(wanted)
         for i, batch in enumerate(batches):
             store.create_preferred_election(batch)
             print(f"Started preferred replica election for {len(batch)} partitions"
-                  + (f" (round {i + 1} of {len(batches)}: one znode holds at most {ZNODE_DATA_BYTES_MAX:,} bytes)."
+                  + (f" (round {i + 1} of {len(batches)}: one znode holds at most {znode_bytes_max:,} bytes)."
                      if len(batches) > 1 else "."), flush=True)
             deadline = time.monotonic() + args.timeout_ms / 1000.0
             while store.get_preferred_election() is not None:
