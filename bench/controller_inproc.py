@@ -20,6 +20,8 @@ older commit with this one in one driver, rounds interleaved. Usage::
 Prints one line per round and scenario: phases in seconds (wall), the event's CPU
 seconds in this process (every thread: the event thread and kazoo's) and in
 ZooKeeper, and the 1-minute load. On a shared machine the CPU figures vary less.
+Each round starts with the next version in turn; at the end, each version's medians
+over the rounds after the first (round 0 warms ZooKeeper's JIT up).
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ import logging
 import os
 import queue
 import re
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -234,10 +238,20 @@ def child(args) -> None:
         for h in housekeepers:
             h.controller = c
         c.enqueue(event)
+        spy = None
+        if args.py_spy:   # the event alone, sampled from outside (py-spy in this interpreter's venv)
+            spy_out = os.path.join(args.py_spy, f"{type(event).__name__}-{time.time():.0f}.txt")
+            spy = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid",
+                                    str(os.getpid()), "--rate", "500", "--threads", "--idle", "--format", "raw",
+                                    "-o", spy_out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(2.0)      # attached before the event starts
         t, p, z = time.perf_counter(), time.process_time(), zk_cpu()
         while c.do_work():
             pass
         total = time.perf_counter() - t
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
         cpu.update(cpu_s=time.process_time() - p, zk_cpu_s=zk_cpu() - z)
         if args.broker_load:
             work.join()          # the own broker's decode, after the event (not counted in its time)
@@ -296,6 +310,9 @@ def main() -> None:
                     help="run the controller among a broker's other work: its own broker decodes what is sent to "
                          "it, and two threads scan N partitions every 0.5 s and 1 s (skipped while the "
                          "controller is busy, where the code has Controller.busy)")
+    ap.add_argument("--py-spy", default="", metavar="DIR",
+                    help="record each event with py-spy (raw stacks with thread names, idle ones too, 500 Hz) "
+                         "into DIR; py-spy pauses the process to sample it, so read shares, not seconds")
     ap.add_argument("--zk-no-sync", action="store_true",
                     help="ZooKeeper with forceSync=no (the tests' setting) instead of its default fsync of each "
                          "transaction log write (as in the scale bench's cluster)")
@@ -329,18 +346,28 @@ def main() -> None:
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", "--zk", hosts, "--chroot", chroot,
                        "--zk-pid", str(server.pid or 0),
                        "--partitions", str(args.partitions)] + (["--root", root] if root else []) + (
-                           ["--broker-load"] if args.broker_load else [])
+                           ["--broker-load"] if args.broker_load else []) + (
+                           ["--py-spy", args.py_spy] if args.py_spy else [])
                 procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
                 assert procs[-1].stdout.readline().strip() == "ready"   # set up one at a time
+            results: dict = {}
             for r in range(args.rounds):
                 for scenario in args.scenarios.split(","):
-                    for root, p in zip(roots, procs):
+                    # each round starts with the next version: none is always first after another's writes
+                    order = [(roots[(r + i) % len(roots)], procs[(r + i) % len(roots)]) for i in range(len(roots))]
+                    for root, p in order:
                         p.stdin.write(scenario + "\n")
                         p.stdin.flush()
                         res = json.loads(p.stdout.readline())
+                        if r > 0:      # round 0 warms ZooKeeper's JIT up
+                            results.setdefault((scenario, root), []).append(res)
                         print(f"round {r} {scenario:10s} {root or 'this':24s} load {os.getloadavg()[0]:5.2f} "
                               + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                                          for k, v in res.items()), flush=True)
+            for (scenario, root), runs in results.items():
+                print(f"median of rounds 1-{args.rounds - 1} {scenario:10s} {root or 'this':24s} "
+                      + " ".join(f"{k}={statistics.median(run[k] for run in runs):.3f}" for k in runs[0]
+                                 if isinstance(runs[0][k], float)), flush=True)
             for p in procs:
                 p.stdin.write("quit\n")
                 p.stdin.flush()
