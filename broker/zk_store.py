@@ -33,6 +33,7 @@ import logging
 import struct
 import time
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
@@ -916,17 +917,37 @@ def state_multi_async(zk: KazooClient, check: tuple[str, int], writes: list[tupl
     return async_object
 
 
+#: How long a caller with work to do while its requests are in flight waits for them to
+#: be on the wire first.
+SEND_WAIT_MAX_S = 0.5
+
+
+def _await_sent(zk: KazooClient, longest_s: float = SEND_WAIT_MAX_S) -> None:
+    """Wait (bounded) until kazoo's connection thread has written every queued request.
+    It writes one request a turn of its loop, and each turn needs the GIL back: while
+    this thread runs Python code it gets it once a switch interval (5 ms), so 50 multis
+    queued before a CPU-bound stretch reached ZooKeeper over a quarter of a second.
+    Asleep here, this thread leaves it the GIL and they go out at once."""
+    pending = getattr(zk, "_queue", None)   # kazoo's queue of requests not yet written
+    deadline = time.monotonic() + longest_s
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
 class ControllerMovedError(Exception):
     """A guarded write found that /controller_epoch changed: another controller took over."""
 
 
 def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
-                         updates: dict[tuple[str, int], tuple[LeaderAndIsr, int]]
+                         updates: dict[tuple[str, int], tuple[LeaderAndIsr, int]],
+                         while_in_flight: Callable[[], None] | None = None
                          ) -> tuple[dict[tuple[str, int], int], list[tuple[str, int]]]:
     """Write many partition states as ZooKeeper ``multi``s of at most MULTI_OPS_MAX
     ops, each guarded by a check of the controller-epoch znode version, all
     chunks pipelined. Returns ({tp: new version}, [tps whose version did not
-    match]); raises ControllerMovedError if the epoch guard failed."""
+    match]); raises ControllerMovedError if the epoch guard failed.
+    ``while_in_flight()`` runs once, after every multi of the first round is queued and
+    before any answer is awaited: work of the caller's that ZooKeeper's need not wait for."""
     from kazoo.exceptions import RolledBackError, RuntimeInconsistency
 
     ok: dict[tuple[str, int], int] = {}
@@ -954,6 +975,10 @@ def guarded_state_writes(zk: KazooClient, epoch_zk_version: int,
     while pending:
         inflight = [(chunk, state_multi_async(zk, check, chunk, updates)) for chunk in pending]
         pending = []
+        if while_in_flight is not None:
+            while_in_flight, run = None, while_in_flight
+            _await_sent(zk)
+            run()
         for chunk, result in inflight:
             checked, results = result.get()
             if isinstance(checked, Exception) and not isinstance(checked, RolledBackError):

@@ -147,17 +147,23 @@ class ControllerChannelManager:
         the end, together and in order. A failover's full UpdateMetadata and its
         LeaderAndIsrs: once the first is queued the controller's own broker, in this
         process, decodes 50,000 partitions' metadata while the event thread encodes the
-        second, and both hold the GIL. For the event thread only (as ``send``)."""
+        second, and both hold the GIL. For the event thread only (as ``send``).
+        A block that raises queues nothing: what it encoded may rest on state writes that
+        failed (a controller that lost its epoch must not send it). Yields the held list
+        of (channel, method, wire, callback): the caller may drop entries it encoded ahead
+        and no longer wants sent (``del held[mark:]``)."""
         if self._held is not None:     # already holding: the outer block queues them
-            yield
+            yield self._held
             return
         self._held = []
         try:
-            yield
-        finally:
-            held, self._held = self._held, None
-            for ch, method, wire, callback in held:
-                ch.send(method, wire, callback)
+            yield self._held
+        except BaseException:
+            self._held = None
+            raise
+        held, self._held = self._held, None
+        for ch, method, wire, callback in held:
+            ch.send(method, wire, callback)
 
     def drain(self, timeout_s: float) -> bool:
         """Wait (bounded) until every queued request was delivered; False on timeout."""

@@ -341,15 +341,35 @@ class Controller:
         # onControllerFailover orders them) got the full state out no sooner in the scale
         # bench (2.8 s vs 2.4 s at 20,000 partitions) and took 2 s more in all: the
         # departures then need requests of their own.
-        restarted = self._elect_restarted_since_written(written_at)
-        changed = restarted + self._elect_offline() + self._elect_for_offline_replicas()
-        self._sync_partition_states(changed)
-        decided = time.monotonic()
         # Full state to every live broker: metadata first, then roles (one request built for
-        # all), both encoded before either is queued (ControllerChannelManager.held).
-        with self.channels.held():
-            built = self._send_update_metadata(list(ctx.live), list(ctx.states), full=True)
-            self._send_leader_and_isr(list(ctx.states), prebuilt=built)
+        # all), both encoded before either is queued (ControllerChannelManager.held), and
+        # queued only once every state write returned: a leader goes out only after its
+        # state is written under this controller's epoch (a write that finds the epoch
+        # moved raises, and the block queues nothing). The full state is encoded while
+        # ZooKeeper writes the offline pass (most states: the old controller's broker is
+        # in most ISRs), from the states as those writes make them; if any went otherwise
+        # (a version had moved) or a later pass wrote more, it is encoded again.
+        with self.channels.held() as held:
+            ahead: dict[str, object] = {}
+
+            def encode_ahead(expected: dict[TP, tuple[LeaderAndIsr, int]]) -> None:
+                saved = {tp: ctx.states[tp] for tp in expected}
+                ctx.states.update(expected)
+                try:
+                    ahead["mark"] = len(held)
+                    self._send_full_state()
+                    ahead["states"] = dict(ctx.states)
+                finally:
+                    ctx.states.update(saved)
+
+            restarted = self._elect_restarted_since_written(written_at)
+            changed = (restarted + self._elect_offline(while_in_flight=encode_ahead)
+                       + self._elect_for_offline_replicas())
+            self._sync_partition_states(changed)
+            decided = time.monotonic()
+            if ahead.get("states") != ctx.states:
+                del held[ahead.get("mark", len(held)):]
+                self._send_full_state()
         # The phases, so a slow failover says where its time went (ZooKeeper reads,
         # re-decided states, building and queueing the requests).
         log.info("controller failover: loaded %d topics, %d partitions and sent the full state to %d brokers "
@@ -367,6 +387,12 @@ class Controller:
             except Exception:
                 log.exception("controller failover: resuming %s failed; retried on its next event", resume.__name__)
         self.next_rebalance_check = self.clock() + self.imbalance_check_interval_s
+
+    def _send_full_state(self) -> None:
+        """Every partition's state to every live broker: the full UpdateMetadata, then each
+        broker's LeaderAndIsr of every partition it hosts (the states built once for both)."""
+        built = self._send_update_metadata(list(self.ctx.live), list(self.ctx.states), full=True)
+        self._send_leader_and_isr(list(self.ctx.states), prebuilt=built)
 
     def _load_topic(self, topic: str) -> TopicMeta | None:
         assignment = self.store.get_assignment(topic, watch=self._watch_partitions(topic))
@@ -443,9 +469,10 @@ class Controller:
             done.update(dict.fromkeys(self._elect_offline(exclude, leaders_only)))
         return list(done)
 
-    def _elect_offline(self, exclude=frozenset(), leaders_only: bool = False) -> list[TP]:
+    def _elect_offline(self, exclude=frozenset(), leaders_only: bool = False, while_in_flight=None) -> list[TP]:
         """Elect leaders for partitions without a live leader, take dead followers out of ISRs
-        (``leaders_only``: not yet). Brokers in ``exclude`` count as dead for this pass."""
+        (``leaders_only``: not yet). Brokers in ``exclude`` count as dead for this pass.
+        ``while_in_flight``: as ``_write_states``'s."""
         ctx = self.ctx
         current = {tp: s for tp, (s, _v) in ctx.states.items() if tp[0] not in ctx.deleting}
         assignments = {t: m.assignment for t, m in ctx.topics.items() if t not in ctx.deleting}
@@ -459,7 +486,8 @@ class Controller:
                 log.error("UNCLEAN leader election for %s-%d: broker %d was not in the ISR %s; "
                           "records acknowledged but not on it are LOST",
                           tp[0], tp[1], e.state.leader, list(current[tp].isr))
-        return self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - set(exclude))
+        return self._write_states({tp: e.state for tp, e in decisions.items()}, set(ctx.live) - set(exclude),
+                                  while_in_flight=while_in_flight)
 
     def _elect_restarted_since_written(self, written_at: dict[TP, int]) -> list[TP]:
         """Failover's view of bounced brokers: an ISR member registered (czxid) after its
@@ -491,16 +519,20 @@ class Controller:
         v = self.ctx.topics[topic].config.get("unclean.leader.election.enable")
         return self.unclean_default if v is None else v.lower() == "true"
 
-    def _write_states(self, new: dict[TP, LeaderAndIsr], live: set[int], rounds: int = 5) -> list[TP]:
+    def _write_states(self, new: dict[TP, LeaderAndIsr], live: set[int], rounds: int = 5,
+                      while_in_flight=None) -> list[TP]:
         """Guarded, batched writes; re-read and re-decide partitions whose znode moved,
         with the same ``live`` brokers the first decision had (a bounced broker stays
-        excluded: a leader's concurrent ISR write must not undo its demotion)."""
+        excluded: a leader's concurrent ISR write must not undo its demotion).
+        ``while_in_flight(expected)``: called once while the first round's writes are in
+        flight, with {tp: (state, version)} as they will be if every one succeeds."""
         ctx = self.ctx
         done: list[TP] = []
         for _ in range(rounds):
             if not new:
                 break
-            ok, fresh = self._guarded_round(new, "")
+            ok, fresh = self._guarded_round(new, "", while_in_flight)
+            while_in_flight = None
             done += ok
             if not fresh:
                 break
@@ -601,15 +633,19 @@ class Controller:
             self._advance_reassignments(waiting)
 
     # ------------------------------------------------------------ admin operations: shared plumbing
-    def _guarded_round(self, new: dict[TP, LeaderAndIsr], why: str
+    def _guarded_round(self, new: dict[TP, LeaderAndIsr], why: str, while_in_flight=None
                        ) -> tuple[list[TP], dict[TP, tuple[LeaderAndIsr, int]]]:
         """One round of guarded, batched state writes: the written partitions, and the
-        fresh states of those whose znode had moved (re-read into the context)."""
+        fresh states of those whose znode had moved (re-read into the context).
+        ``while_in_flight``: as ``_write_states``'s."""
         if not new:
             return [], {}
         ctx = self.ctx
         updates = {tp: (s, ctx.states[tp][1]) for tp, s in new.items()}
-        ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates)
+        # a set's new version is the one it expected plus one
+        ahead = None if while_in_flight is None else (
+            lambda: while_in_flight({tp: (s, v + 1) for tp, (s, v) in updates.items()}))
+        ok, failed = Z.guarded_state_writes(self.zk, ctx.epoch_zk_version, updates, ahead)
         self.stats.elections((ctx.states[tp][0].leader for tp in ok), (new[tp].leader for tp in ok))
         for tp, version in ok.items():
             ctx.states[tp] = (new[tp], version)

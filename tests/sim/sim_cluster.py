@@ -144,6 +144,7 @@ class SimChannels:
     def __init__(self, sim: "Simulation", controller_id: int):
         self.sim, self.controller_id = sim, controller_id
         self.queues: dict[int, list] = {}
+        self.holding: list | None = None    # inside held(): (broker, request, on_response)
 
     def set_brokers(self, live) -> None:
         for b in list(self.queues):
@@ -153,12 +154,27 @@ class SimChannels:
             self.queues.setdefault(b, [])
 
     def send(self, broker_id, request, on_response=None) -> None:
-        if broker_id in self.queues:
+        if self.holding is not None:
+            self.holding.append((broker_id, request, on_response))
+        elif broker_id in self.queues:
             self.queues[broker_id].append((request, on_response))
 
+    @contextlib.contextmanager
     def held(self):
-        # Nothing is delivered while the controller's event runs: queued at once is the same.
-        return contextlib.nullcontext()
+        """As ControllerChannelManager.held: queued at the block's end, nothing if it
+        raises, and what the controller dropped from the yielded list is not queued."""
+        if self.holding is not None:
+            yield self.holding
+            return
+        self.holding = []
+        try:
+            yield self.holding
+        except BaseException:
+            self.holding = None
+            raise
+        held, self.holding = self.holding, None
+        for broker_id, request, on_response in held:
+            self.send(broker_id, request, on_response)
 
     def drain(self, timeout_s: float) -> bool:
         return True

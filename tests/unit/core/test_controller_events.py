@@ -37,7 +37,7 @@ class NoChannels:
         self.sent.append((broker_id, type(request).__name__.removesuffix("Request")))
 
     def held(self):
-        return contextlib.nullcontext()
+        return contextlib.nullcontext([])
 
     def drain(self, timeout_s):
         return True

@@ -38,23 +38,35 @@ class RecordingChannels:
         self.sent: list[tuple[int, object]] = []
         self.live: dict = {}
         self.answer = lambda broker, request: M.ControllerRequestResult()
-        self.holding = False
+        self.holding: list | None = None   # as ControllerChannelManager.held: queued at the block's end
         self.sent_held: list[bool] = []   # per request sent: whether inside held()
+        self.on_queued = lambda broker, request: None   # called as each request is queued
 
     @contextlib.contextmanager
     def held(self):
-        self.holding = True
+        self.holding = []
         try:
-            yield
-        finally:
-            self.holding = False
+            yield self.holding
+        except BaseException:
+            self.holding = None
+            raise
+        held, self.holding = self.holding, None
+        for broker_id, request, on_response in held:
+            self._queue(broker_id, request, on_response)
 
     def set_brokers(self, live):
         self.live = dict(live)
 
     def send(self, broker_id, request, on_response=None):
+        self.sent_held.append(self.holding is not None)
+        if self.holding is not None:
+            self.holding.append((broker_id, request, on_response))
+        else:
+            self._queue(broker_id, request, on_response)
+
+    def _queue(self, broker_id, request, on_response):
+        self.on_queued(broker_id, request)
         self.sent.append((broker_id, request))
-        self.sent_held.append(self.holding)
         if on_response is not None:
             on_response(broker_id, self.answer(broker_id, request))
 
@@ -163,6 +175,101 @@ def test_a_new_controller_writes_what_the_dead_broker_changes_then_sends_the_ful
         (2, full), (3, full),
         (3, M.LeaderAndIsrRequest(2, 2, cluster.epochs[3], (t0, t1), topics, live)),
         (2, M.LeaderAndIsrRequest(2, 2, cluster.epochs[2], (t0, t1), topics, live))]
+
+
+class InFlightClient(SimKazooClient):
+    """State multis take effect when their answer is awaited, as on a real ZooKeeper the
+    controller's work while they are in flight comes first; ``before_write(request)`` runs
+    just before one takes effect (another writer's move in between)."""
+
+    def __init__(self, server, before_write=lambda request: None):
+        super().__init__(server)
+        self.before_write = before_write
+
+    def _call(self, request, async_object):
+        if not isinstance(request, Z._StateMulti):
+            return super()._call(request, async_object)
+        done: list = []
+
+        def answer(block=True, timeout=None):
+            if not done:
+                self.before_write(request)
+                done.append(_Answer())
+                SimKazooClient._call(self, request, done[0])
+            return done[0].get()
+        async_object.get = answer
+        return True
+
+
+class _Answer:
+    def set(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+def _failover_with_writes_in_flight(cluster, before_write):
+    """Broker 1 (the controller) dies; broker 2's controller takes over, its state writes
+    in flight while it works, each request checked against ZooKeeper as it is queued."""
+    cluster.server.expire(cluster.zks[1].session_id)
+    zk = InFlightClient(cluster.server, before_write)
+    new = C.Controller(2, Z.ZkStore(zk), clock=lambda: 0.0)
+    channels = new.channels = RecordingChannels()
+
+    def written_before_queued(broker, request):
+        for r in request.partitions:
+            s, version = Z.ZkStore(cluster.zks[2]).get_partition_state(r.topic, r.partition)
+            assert (r.leader, r.leader_epoch, r.isr, r.zk_version) == (s.leader, s.leader_epoch, s.isr, version)
+    channels.on_queued = written_before_queued
+    new.enqueue(V.Elect())
+    while new.do_work():
+        pass
+    return new, channels
+
+
+def test_a_new_controller_encodes_while_its_writes_are_in_flight_and_queues_once_they_are_written(cluster):
+    """The full state is encoded while ZooKeeper writes the states (from the states those
+    writes make) and queued only after every write returned: each role queued is the
+    one in ZooKeeper by then."""
+    new, channels = _failover_with_writes_in_flight(cluster, lambda request: None)
+    t0 = role(("t", 0), 3, [3, 2], [3, 1, 2], zk_version=1, controller_epoch=2)
+    t1 = role(("t", 1), 2, [2, 3], [1, 2, 3], leader_epoch=1, zk_version=1, controller_epoch=2)
+    live = (cluster.endpoint(2), cluster.endpoint(3))
+    topics = {"t": M.TopicInfo(SCHEMA, {"topic.id": "x"}, "x", 2)}
+    full = M.UpdateMetadataRequest(2, 2, (t0, t1), live, topics, full=True)
+    assert channels.take() == [
+        (2, full), (3, full),
+        (3, M.LeaderAndIsrRequest(2, 2, cluster.epochs[3], (t0, t1), topics, live)),
+        (2, M.LeaderAndIsrRequest(2, 2, cluster.epochs[2], (t0, t1), topics, live))]
+    assert channels.sent_held == [True] * 4     # encoded once: nothing encoded again
+
+
+def test_a_write_that_finds_a_moved_version_has_the_full_state_encoded_again(cluster):
+    """The leader of t-0 shrinks its ISR while the new controller's writes are in flight:
+    that write fails on its version, t-0 is re-read (1 already out of its ISR: nothing to
+    write) and what goes out is ZooKeeper's state, not the one encoded ahead."""
+    moved = []
+
+    def leader_shrinks_isr(request):
+        if not moved:
+            moved.append(Z.ZkStore(cluster.zks[3]).update_partition_state("t", 0, Z.LeaderAndIsr(3, 0, (3,), 1), 0))
+    new, channels = _failover_with_writes_in_flight(cluster, leader_shrinks_isr)
+    assert moved and new.active
+    sent = channels.take()
+    t0 = role(("t", 0), 3, [3], [3, 1, 2], zk_version=1, controller_epoch=1)
+    t1 = role(("t", 1), 2, [2, 3], [1, 2, 3], leader_epoch=1, zk_version=1, controller_epoch=2)
+    assert [b for b, _ in sent] == [2, 3, 3, 2] and all(r.partitions == (t0, t1) for _, r in sent)
+    assert len(channels.sent_held) == 8          # the 4 encoded ahead were dropped, 4 encoded again
+
+
+def test_a_new_controller_whose_epoch_moves_under_its_writes_sends_nothing(cluster):
+    """Another controller's election while the writes are in flight: the guard fails and
+    nothing encoded ahead is queued."""
+    def another_controller(request):
+        cluster.zks[3].set(Z.CONTROLLER_EPOCH, b"3")
+    new, channels = _failover_with_writes_in_flight(cluster, another_controller)
+    assert not new.active and channels.take() == []
 
 
 def test_controlled_shutdown_moves_leaders_away_then_stops_the_broker_replicas(cluster):
@@ -341,4 +448,16 @@ def test_the_channel_manager_encodes_a_broadcast_once_and_answers_in_plain_data(
     assert manager.channels[1].got[before[1]:] == [("LeaderAndIsr", controller_rpc.leader_and_isr_wire(lai))]
     manager.send(2, update)
     assert len(manager.channels[2].got) == before[2] + 3      # and not held after it
+    # a block that raises queues nothing (its requests may rest on writes that failed);
+    # entries dropped from the held list are not queued
+    with pytest.raises(Z.ControllerMovedError):
+        with manager.held():
+            manager.send(2, lai)
+            raise Z.ControllerMovedError("epoch moved")
+    with manager.held() as held:
+        manager.send(2, update)
+        mark = len(held)
+        manager.send(2, lai)
+        del held[mark:]
+    assert manager.channels[2].got[before[2] + 3:] == [("UpdateMetadata", w1)]
     manager.channels = {}
