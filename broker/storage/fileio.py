@@ -12,10 +12,15 @@ be serialised by their caller (they share the tmp name).
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 
 TMP_SUFFIX = ".tmp"
 _LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def sync_filesystem(path: str) -> None:
@@ -33,6 +38,39 @@ def sync_filesystem(path: str) -> None:
             raise OSError(err, f"syncfs: {os.strerror(err)}", path)
     finally:
         os.close(fd)
+
+
+class _Mapping:
+    """One read-only shared mapping, unmapped when the last buffer over it is gone."""
+
+    __slots__ = ("address", "length")
+
+    def __init__(self, address: int, length: int):
+        self.address, self.length = address, length
+
+    def __del__(self):
+        _LIBC.munmap(self.address, self.length)
+
+
+def map_file(path: str, length: int):
+    """A read-only ``pyarrow.Buffer`` over ``length`` bytes of the file at ``path``, which
+    may reach past the file's end (``pa.memory_map`` maps only the current size): pages
+    past the end read as the file grows under them (a shared mapping), and touching one
+    that is still past the end raises SIGBUS, so a caller reads only bytes it knows are
+    written. The mapping lives as long as any buffer sliced from it."""
+    import pyarrow as pa
+
+    if length <= 0:
+        return pa.py_buffer(b"")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = _LIBC.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap: {os.strerror(err)}", path)
+    finally:
+        os.close(fd)
+    return pa.foreign_buffer(address, length, base=_Mapping(address, length))
 
 
 def fsync_dir(path: str) -> None:
