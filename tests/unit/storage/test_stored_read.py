@@ -65,6 +65,29 @@ def test_read_stored_returns_whole_stored_messages_zero_copy(tmp_path):
         [f"value-{o}".encode() for o in range(7, 33)]
 
 
+def test_reads_at_the_log_end_use_the_mapping_made_before_the_append(tmp_path):
+    """A follower or tailing consumer reads each batch right after its append: the
+    active segment's mapping reaches past the file's end, so the new bytes are read
+    through the mapping already made, not a new one each time."""
+    log = open_log(tmp_path / "t-0", LogConfig(segment_bytes=1 << 20))
+    fill(log, 1)
+    first = log.read_stored(0, 10**6).batches[0].message
+    seg = log.segments()[-1]
+    mapped = seg._buf
+    assert mapped.size > seg.size                                # headroom past the end
+    assert seg.buffer().size == seg.size                         # callers see the committed bytes
+    fill(log, 3)
+    got = log.read_stored(5, 10**6).batches
+    assert [b.base_offset for b in got] == [5, 10, 15]
+    assert all(_inside(b.message, mapped) for b in got), "read through the earlier mapping"
+    assert seg._buf is mapped and _inside(first, mapped)
+    assert pa.Table.from_batches([b.batch for b in got]).column("value").to_pylist() == \
+        [value(o) for o in range(5, 20)]
+    log.roll()                                                   # sealed: mapped to its size
+    seg._buf = None
+    assert seg.buffer().size == seg._buf.size == seg.size
+
+
 def test_read_stored_byte_budget_and_empty_range(tmp_path):
     log = open_log(tmp_path / "t-0")
     fill(log, 6)
