@@ -122,13 +122,30 @@ def child(args) -> None:
                     item[0] += 1
 
         def run(self):
-            while True:
+            while event_running.wait():   # between events they only load the shared machine
                 time.sleep(self.interval_s)
                 c = self.controller
                 if c is not None and hasattr(c, "busy") and c.busy(10.0):
                     continue
                 for _ in range(self.repeat):
                     self.one_pass()
+
+    event_running = threading.Event()
+
+    def busy_thread():
+        """A thread of the broker's that does not wait for its controller (a replica
+        fetcher, an RPC handler): Python code that wants the GIL all the time, while an
+        event runs (idle otherwise: the other versions' processes run their events meanwhile)."""
+        x = 0
+        while event_running.wait():
+            for i in range(1000):
+                x += i
+    for _ in range(args.gil_load):
+        threading.Thread(target=busy_thread, daemon=True).start()
+    if args.multi_ops:
+        Z.MULTI_OPS_MAX = args.multi_ops
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
 
     housekeepers = []
     if args.broker_load:
@@ -245,10 +262,12 @@ def child(args) -> None:
                                     str(os.getpid()), "--rate", "500", "--threads", "--idle", "--format", "raw",
                                     "-o", spy_out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(2.0)      # attached before the event starts
+        event_running.set()
         t, p, z = time.perf_counter(), time.process_time(), zk_cpu()
         while c.do_work():
             pass
         total = time.perf_counter() - t
+        event_running.clear()
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
@@ -310,6 +329,12 @@ def main() -> None:
                     help="run the controller among a broker's other work: its own broker decodes what is sent to "
                          "it, and two threads scan N partitions every 0.5 s and 1 s (skipped while the "
                          "controller is busy, where the code has Controller.busy)")
+    ap.add_argument("--gil-load", type=int, default=0, metavar="N",
+                    help="N threads running Python code all the time beside the controller (a broker's fetchers "
+                         "and RPC handlers, which do not wait for it)")
+    ap.add_argument("--multi-ops", type=int, default=0, help="ops per ZooKeeper multi (zk_store.MULTI_OPS_MAX)")
+    ap.add_argument("--switch-interval-ms", type=float, default=0.0,
+                    help="the process's sys.setswitchinterval (default Python's 5 ms)")
     ap.add_argument("--py-spy", default="", metavar="DIR",
                     help="record each event with py-spy (raw stacks with thread names, idle ones too, 500 Hz) "
                          "into DIR; py-spy pauses the process to sample it, so read shares, not seconds")
@@ -347,7 +372,9 @@ def main() -> None:
                        "--zk-pid", str(server.pid or 0),
                        "--partitions", str(args.partitions)] + (["--root", root] if root else []) + (
                            ["--broker-load"] if args.broker_load else []) + (
-                           ["--py-spy", args.py_spy] if args.py_spy else [])
+                           ["--py-spy", args.py_spy] if args.py_spy else []) + [
+                           "--gil-load", str(args.gil_load), "--multi-ops", str(args.multi_ops),
+                           "--switch-interval-ms", str(args.switch_interval_ms)]
                 procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
                 assert procs[-1].stdout.readline().strip() == "ready"   # set up one at a time
             results: dict = {}
