@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,7 +51,26 @@ EVENT_QUEUE_MAX = 100_000      # events; watch events coalesce, so only RPC-born
 EVENT_PUT_TIMEOUT_S = 30.0     # an RPC-born event waits this long for room, then its caller gets an error
 RECENT_EVENTS_MAX = 20         # events remembered for error reports (illegal state transitions)
 REASSIGNMENT_NUDGE_S = 2.0
+#: The process's GIL switch interval while a new controller loads its context (Python's
+#: default is 5 ms). The event thread and kazoo's connection thread hand the GIL to each
+#: other at every ZooKeeper request and answer (50,000 partitions: 50 multiReads and their
+#: answers); each time the one woken waits until a thread running Python code is told to
+#: drop it, a switch interval, and a broker's fetchers and RPC handlers run such code.
+#: Not for the whole event: while it computes, more hand-overs cost it more than it gains.
+LOAD_SWITCH_INTERVAL_S = 0.0005
 TP = tuple[str, int]
+
+
+@contextlib.contextmanager
+def _switch_interval(seconds: float):
+    """sys.setswitchinterval(``seconds``) for the block, then back as it was (only the
+    event thread sets it)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 @dataclass
@@ -314,25 +335,11 @@ class Controller:
     def _failover(self) -> None:
         ctx = self.ctx
         started = time.monotonic()
-        self.store.ensure_paths()
-        ctx.live = self.store.live_brokers(watch=self._watch(V.BrokerChange()), epochs=ctx.broker_epochs,
-                                           endpoints=ctx.endpoints)
-        self.channels.set_brokers(ctx.live)
-        for t in self.store.list_topics(watch=self._watch(V.TopicChange())):
-            self._load_topic(t)
-        tps = [(t, p) for t, m in ctx.topics.items() for p in m.assignment]
-        written_at: dict[TP, int] = {}
-        ctx.states = self.store.get_partition_states(tps, mzxids=written_at)
-        live = ctx.live                          # as loaded, like Kafka's initializePartitionState
-        ctx.partition_states.initialize_many((tp, PS.ONLINE if s.leader in live else PS.OFFLINE)
-                                             for tp, (s, _v) in ctx.states.items())
-        ctx.replica_states.initialize_many(((tp, b), RS.ONLINE if b in live else RS.OFFLINE)
-                                           for tp in ctx.states for b in ctx.topics[tp[0]].assignment[tp[1]])
-        missing = [tp for tp in tps if tp not in ctx.states]
-        if missing:
-            self._create_states(missing)
-        ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch(V.DeleteTopics())))
-        self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
+        # Loading is a hundred ZooKeeper requests and answers, each handed between this
+        # thread and kazoo's: with the broker's threads running Python code, each hand-over
+        # waited a switch interval (LOAD_SWITCH_INTERVAL_S).
+        with _switch_interval(LOAD_SWITCH_INTERVAL_S):
+            written_at = self._load_everything()
         loaded = time.monotonic()
         # Every state a failed broker or a restarted ISR member must change is written
         # before the full state goes out, ISRs included: the old controller's broker, dead
@@ -387,6 +394,31 @@ class Controller:
             except Exception:
                 log.exception("controller failover: resuming %s failed; retried on its next event", resume.__name__)
         self.next_rebalance_check = self.clock() + self.imbalance_check_interval_s
+
+    def _load_everything(self) -> dict[TP, int]:
+        """A new controller's context from ZooKeeper: live brokers, topics, every partition
+        state (returns when each was last written: its mzxid), the state machines as loaded."""
+        ctx = self.ctx
+        self.store.ensure_paths()
+        ctx.live = self.store.live_brokers(watch=self._watch(V.BrokerChange()), epochs=ctx.broker_epochs,
+                                           endpoints=ctx.endpoints)
+        self.channels.set_brokers(ctx.live)
+        for t in self.store.list_topics(watch=self._watch(V.TopicChange())):
+            self._load_topic(t)
+        tps = [(t, p) for t, m in ctx.topics.items() for p in m.assignment]
+        written_at: dict[TP, int] = {}
+        ctx.states = self.store.get_partition_states(tps, mzxids=written_at)
+        live = ctx.live                          # as loaded, like Kafka's initializePartitionState
+        ctx.partition_states.initialize_many((tp, PS.ONLINE if s.leader in live else PS.OFFLINE)
+                                             for tp, (s, _v) in ctx.states.items())
+        ctx.replica_states.initialize_many(((tp, b), RS.ONLINE if b in live else RS.OFFLINE)
+                                           for tp in ctx.states for b in ctx.topics[tp[0]].assignment[tp[1]])
+        missing = [tp for tp in tps if tp not in ctx.states]
+        if missing:
+            self._create_states(missing)
+        ctx.deleting = set(self.store.topics_pending_deletion(watch=self._watch(V.DeleteTopics())))
+        self.store.take_isr_change_notifications(watch=self._watch(V.IsrChange()))
+        return written_at
 
     def _send_full_state(self) -> None:
         """Every partition's state to every live broker: the full UpdateMetadata, then each

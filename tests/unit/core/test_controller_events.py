@@ -118,6 +118,41 @@ def test_busy_while_an_event_is_handled_and_the_broker_housekeeping_waits_for_it
         t.join(5)
 
 
+def test_a_new_controller_loads_with_the_short_gil_switch_interval_and_gives_the_old_one_back(monkeypatch):
+    """While a new controller reads its context the GIL changes hands every
+    LOAD_SWITCH_INTERVAL_S (the event thread and kazoo's wait less for the broker's threads
+    at each of a hundred hand-overs); what it does after, and the process after it, even
+    after a load that failed, have the interval that was."""
+    server = SimZooKeeper()
+    c = controller(server, 1)
+    Z.ZkStore(c.zk).create_topic("t", {0: [1]}, b"", {"topic.id": "x"})
+    seen, failing = [], []
+    read_states = c.store.get_partition_states
+
+    def recording(*args, **kw):
+        seen.append(("load", sys.getswitchinterval()))
+        if failing:
+            raise RuntimeError("a load that fails half way")
+        return read_states(*args, **kw)
+    monkeypatch.setattr(c.store, "get_partition_states", recording)
+    write = C.Controller._write_states
+    monkeypatch.setattr(C.Controller, "_write_states",
+                        lambda self, *a, **kw: seen.append(("write", sys.getswitchinterval())) or write(self, *a, **kw))
+    before = sys.getswitchinterval()
+    assert before != C.LOAD_SWITCH_INTERVAL_S
+    c.enqueue(V.Elect())
+    drain(c)
+    assert c.active and sys.getswitchinterval() == before
+    assert {v for what, v in seen if what == "load"} == {C.LOAD_SWITCH_INTERVAL_S}
+    assert {v for what, v in seen if what == "write"} == {before}
+    c._resign(delete_znode=True)
+    seen.clear()
+    failing.append(True)
+    c.enqueue(V.Elect())
+    drain(c)
+    assert seen == [("load", C.LOAD_SWITCH_INTERVAL_S)] and sys.getswitchinterval() == before
+
+
 def test_a_stream_of_controller_events_holds_the_housekeeping_off_no_longer_than_the_bound(monkeypatch):
     """One event after another, each fresh (busy every time a loop looks): a scanning loop
     still runs once it has not run for HOUSEKEEPING_DEFER_MAX_S."""
