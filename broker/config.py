@@ -531,6 +531,9 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "Largest replication factor (and replica or ISR list) accepted from any request.", Range(1, INT_MAX)),
     _k("producer.id.expiration.ms", INT, 86400000, "ms",
        "Forget an idempotent producer's state after it has been idle this long.", Range(1, INT_MAX)),
+    _k("producer.id.expiration.check.interval.ms", INT, 600000, "ms",
+       "How often the broker looks for idempotent producers idle past producer.id.expiration.ms (a walk of every "
+       "partition it hosts).", Range(1, INT_MAX)),
     # security (README "Securing a cluster")
     _k("security.inter.broker.protocol", STRING, "PLAINTEXT", "enum",
        "Listener protocol brokers and the controller use to reach each other (SSL: brokers present their certificates).",

@@ -64,6 +64,7 @@ KAFKA_DEFAULTS = {
     "num.io.threads": "8",
     "queued.max.requests": "500",
     "producer.id.expiration.ms": "86400000",
+    "producer.id.expiration.check.interval.ms": "600000",
 }
 
 INTERFACE_KEYS = [

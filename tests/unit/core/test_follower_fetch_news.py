@@ -114,3 +114,25 @@ def test_a_follower_round_applies_only_the_news_and_an_empty_answer_is_no_failur
     assert [(followers[tp].log.log_end_offset, followers[tp].hw) for tp in TPS] == [(0, 0), (5, 5), (2, 2)]
     # The leader counted every partition's fetch, the idle ones too (the ISR's caught-up times).
     assert all(rm.partitions[tp].isr == (1, 2) for tp in TPS)
+
+
+def test_idle_producers_are_looked_for_once_per_check_interval(tmp_path):
+    """expire_producers walks every partition only once per
+    producer.id.expiration.check.interval.ms, however often maintenance calls it."""
+    from replikafka.broker.config import BrokerConfig
+    clock = ManualClock(T0)
+    cfg = BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": str(tmp_path),
+                                  "producer.id.expiration.ms": "1000",
+                                  "producer.id.expiration.check.interval.ms": "60000"})
+    rm = leader_manager(tmp_path, clock)
+    rm.config = cfg
+    part = rm.partitions[("t", 0)]
+    part.append_as_leader([batch(2)], acks=1, min_insync=1, producer_id=7, producer_epoch=0, base_sequence=0)
+    rm.expire_producers()                          # the first walk: producer 7 is not idle yet
+    assert 7 in part.producers.producers
+    clock.advance(30_000)                          # idle past its expiration, but no check due
+    rm.expire_producers()
+    assert 7 in part.producers.producers
+    clock.advance(30_000)                          # the next check
+    rm.expire_producers()
+    assert 7 not in part.producers.producers
