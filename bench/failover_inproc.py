@@ -13,7 +13,10 @@ Each round, in a fresh child process:
   broker 1 now (epoch 1), half by broker 2 (broker 1 follows);
 * first write: one acks=1 Produce of one record to each partition broker 1 now
   leads (what the bench's ``_write_all`` sends), wire bytes in, wire bytes out;
-* second write: the same again (a later write to a leader);
+* second write: the same again (a later write to a leader); with ``--gil-load K``,
+  K threads run pure Python through both writes, as a loaded survivor's fetchers
+  and RPC threads do: a write that gives the GIL up and takes it back often waits
+  for the others' switch interval each time;
 * the background passes a broker runs every 0.5 s and 1 s (ISR maintenance, log
   maintenance), twice each, with nothing for them to change;
 * a replication round with nothing new, the two sides of what runs back to back
@@ -39,6 +42,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -144,11 +148,22 @@ def child(args) -> None:
         assert not errors, errors[:3]
         return resp.SerializeToString()
 
+    stop_load = threading.Event()
+
+    def spin():   # another thread's pure-Python work, as a broker's fetchers and RPCs are
+        while not stop_load.is_set():
+            sum(range(2000))
+
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
+    for _ in range(args.gil_load):
+        threading.Thread(target=spin, daemon=True).start()
     if args.profile_pause:
         print("PID", os.getpid(), flush=True)
         time.sleep(args.profile_pause)
     timed("first-write", write)
     timed("second-write", write)
+    stop_load.set()
     # Steady-state background passes (server.py runs them every 0.5 s and 1 s): the
     # first ISR pass and log pass after the writes, then a later one of each.
     rm.store = _NoWrites()
@@ -207,6 +222,9 @@ def main() -> None:
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--dir", default=None, help="where the temp log dirs go")
     ap.add_argument("--profile-pause", type=float, default=0, help="child: print its pid and sleep first")
+    ap.add_argument("--switch-interval-ms", type=float, default=0, help="child: sys.setswitchinterval (0: as is)")
+    ap.add_argument("--gil-load", type=int, default=0,
+                    help="threads running pure Python beside the writes (a loaded broker's fetchers and RPCs)")
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -214,7 +232,8 @@ def main() -> None:
     roots = [""] + args.root
     for r in range(args.rounds):
         for root in roots:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", "--partitions", str(args.partitions)] \
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", "--partitions", str(args.partitions),
+                   "--gil-load", str(args.gil_load)] \
                 + (["--root", root] if root else []) + (["--dir", args.dir] if args.dir else [])
             load = os.getloadavg()[0]
             res = subprocess.run(cmd, capture_output=True, text=True)

@@ -512,6 +512,9 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
     _k("controller.socket.timeout.ms", INT, 30000, "ms",
        "Timeout of the controller's RPCs to brokers.", Range(1, INT_MAX)),
     _k("num.io.threads", INT, 8, "threads", "Threads serving requests.", Range(1, INT_MAX)),
+    _k("python.switch.interval.us", INT, 1000, "us",
+       "How long a thread holding Python's GIL runs on while another waits for it (sys.setswitchinterval; Python's "
+       "default is 5000); 0 = Python's default.", Range(0, 1_000_000)),
     _k("malloc.trim.threshold.bytes", INT, 64 << 20, "bytes",
        "Freed memory each glibc malloc arena keeps for reuse instead of returning it to the kernel (fetch-sized "
        "buffers are then not faulted in again; broker/malloc_tuning.py); 0 = glibc's defaults.", Range(0, INT_MAX)),

@@ -553,8 +553,22 @@ class BrokerServer:
         self.stopped.wait()
 
 
-def run_broker(config: BrokerConfig) -> int:
+def tune_process(config: BrokerConfig) -> None:
+    """Process-wide settings, once at start-up: glibc's (broker/malloc_tuning.py) and
+    Python's switch interval. A thread that gives the GIL up for I/O or C code and takes
+    it back waits, each time, until the thread running Python reaches its switch
+    interval: a Produce naming thousands of partitions does so a few times a partition,
+    and beside a survivor's busy fetchers and RPC threads (a failover) its writes took
+    1.7 ms a partition against 0.25 alone. With 1 ms instead of Python's 5 such a write
+    waits a fifth as long each time (bench/failover_inproc.py --gil-load)."""
     keep_freed_memory(config.get("malloc.trim.threshold.bytes"))
+    switch_us = config.get("python.switch.interval.us")
+    if switch_us > 0:
+        sys.setswitchinterval(switch_us / 1e6)
+
+
+def run_broker(config: BrokerConfig) -> int:
+    tune_process(config)
     server = BrokerServer(config)
     done = threading.Event()
 

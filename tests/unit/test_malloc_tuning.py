@@ -45,3 +45,26 @@ def test_freed_buffers_are_reused_instead_of_faulted_in_again():
 
 def test_zero_leaves_glibcs_defaults():
     assert keep_freed_memory(0) is False
+
+
+def test_a_broker_process_takes_the_configured_switch_interval():
+    """python.switch.interval.us (default 1 ms) is the process's switch interval once a
+    broker starts (server.tune_process); 0 leaves Python's."""
+    import sys
+
+    from replikafka.broker.config import BrokerConfig
+    from replikafka.broker.server import tune_process
+    before = sys.getswitchinterval()
+    base = {"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": "/nonexistent",
+            "malloc.trim.threshold.bytes": "0"}
+    try:
+        sys.setswitchinterval(0.005)
+        tune_process(BrokerConfig.from_dict(base))
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+        tune_process(BrokerConfig.from_dict({**base, "python.switch.interval.us": "250"}))
+        assert sys.getswitchinterval() == pytest.approx(0.00025)
+        sys.setswitchinterval(0.005)
+        tune_process(BrokerConfig.from_dict({**base, "python.switch.interval.us": "0"}))
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+    finally:
+        sys.setswitchinterval(before)
