@@ -93,6 +93,40 @@ class BrokerChannel:
         self.channel.close()
 
 
+class HeldSends:
+    """The contract of ``ControllerChannelManager.held``, in one place (the channel
+    manager and the tests' channel doubles share it): inside a block, sends are held in
+    order and handed to ``queue(*entry)`` when the outermost block ends; a block that
+    raises queues nothing; entries the caller removed from the yielded list are not
+    queued. Not thread-safe: for the one thread that sends."""
+
+    def __init__(self, queue):
+        self._queue = queue
+        self.entries: list | None = None     # inside a block: what it holds
+
+    def add(self, *entry) -> bool:
+        """Hold ``entry`` inside a block (True); outside one, False: the caller queues it."""
+        if self.entries is None:
+            return False
+        self.entries.append(entry)
+        return True
+
+    @contextlib.contextmanager
+    def block(self):
+        if self.entries is not None:     # already holding: the outer block queues them
+            yield self.entries
+            return
+        self.entries = []
+        try:
+            yield self.entries
+        except BaseException:
+            self.entries = None
+            raise
+        held, self.entries = self.entries, None
+        for entry in held:
+            self._queue(*entry)
+
+
 class ControllerChannelManager:
     """Thread-safe map broker id -> BrokerChannel; the controller's plain requests in,
     plain results out."""
@@ -106,7 +140,8 @@ class ControllerChannelManager:
         # (at 50,000 partitions the encoding is a good part of a failover).
         self._last_encoded: tuple[object, str, object] | None = None
         self._states = controller_rpc.StateMemo()   # and its partition states once for the LeaderAndIsrs after it
-        self._held: list | None = None   # requests encoded inside held(), queued when it ends
+        # Requests encoded inside held(): (channel, method, wire, callback), queued when it ends.
+        self._held = HeldSends(lambda ch, method, wire, callback: ch.send(method, wire, callback))
 
     def set_brokers(self, live: dict[int, tuple[str, int]]) -> None:
         with self.lock:
@@ -136,9 +171,7 @@ class ControllerChannelManager:
                 self._last_encoded = (request, method, wire)
         callback = None if on_response is None else (
             lambda bid, resp: on_response(bid, controller_rpc.request_result(resp)))
-        if self._held is not None:
-            self._held.append((ch, method, wire, callback))
-        else:
+        if not self._held.add(ch, method, wire, callback):
             ch.send(method, wire, callback)
 
     @contextlib.contextmanager
@@ -152,18 +185,8 @@ class ControllerChannelManager:
         failed (a controller that lost its epoch must not send it). Yields the held list
         of (channel, method, wire, callback): the caller may drop entries it encoded ahead
         and no longer wants sent (``del held[mark:]``)."""
-        if self._held is not None:     # already holding: the outer block queues them
-            yield self._held
-            return
-        self._held = []
-        try:
-            yield self._held
-        except BaseException:
-            self._held = None
-            raise
-        held, self._held = self._held, None
-        for ch, method, wire, callback in held:
-            ch.send(method, wire, callback)
+        with self._held.block() as held:
+            yield held
 
     def drain(self, timeout_s: float) -> bool:
         """Wait (bounded) until every queued request was delivered; False on timeout."""

@@ -23,7 +23,6 @@ a bounded number of steps.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -41,6 +40,7 @@ from replikafka import records as R
 from replikafka.broker import controller_rpc, replica_fetch_codec, replica_rpc, zk_store as Z
 from replikafka.broker.config import BrokerConfig, log_config_for_topic
 from replikafka.broker.controller import controller_events as V
+from replikafka.broker.controller.broker_channels import HeldSends
 from replikafka.broker.controller.controller import Controller
 from replikafka.broker.metadata_cache import MetadataCache
 from replikafka.broker.metrics import BrokerMetrics
@@ -144,7 +144,8 @@ class SimChannels:
     def __init__(self, sim: "Simulation", controller_id: int):
         self.sim, self.controller_id = sim, controller_id
         self.queues: dict[int, list] = {}
-        self.holding: list | None = None    # inside held(): (broker, request, on_response)
+        # inside held(): (broker, request, on_response), queued as the channel manager does
+        self.holds = HeldSends(self._queue)
 
     def set_brokers(self, live) -> None:
         for b in list(self.queues):
@@ -154,27 +155,15 @@ class SimChannels:
             self.queues.setdefault(b, [])
 
     def send(self, broker_id, request, on_response=None) -> None:
-        if self.holding is not None:
-            self.holding.append((broker_id, request, on_response))
-        elif broker_id in self.queues:
+        if not self.holds.add(broker_id, request, on_response):
+            self._queue(broker_id, request, on_response)
+
+    def _queue(self, broker_id, request, on_response) -> None:
+        if broker_id in self.queues:
             self.queues[broker_id].append((request, on_response))
 
-    @contextlib.contextmanager
     def held(self):
-        """As ControllerChannelManager.held: queued at the block's end, nothing if it
-        raises, and what the controller dropped from the yielded list is not queued."""
-        if self.holding is not None:
-            yield self.holding
-            return
-        self.holding = []
-        try:
-            yield self.holding
-        except BaseException:
-            self.holding = None
-            raise
-        held, self.holding = self.holding, None
-        for broker_id, request, on_response in held:
-            self.send(broker_id, request, on_response)
+        return self.holds.block()
 
     def drain(self, timeout_s: float) -> bool:
         return True

@@ -8,7 +8,6 @@ checked here too: the controller's side (``controller_rpc``) and the broker's si
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
 import sys
 
@@ -20,7 +19,7 @@ from replikafka.broker import controller_rpc, replica_rpc
 from replikafka.broker import zk_store as Z
 from replikafka.broker.controller import controller as C
 from replikafka.broker.controller import controller_events as V
-from replikafka.broker.controller.broker_channels import ControllerChannelManager
+from replikafka.broker.controller.broker_channels import ControllerChannelManager, HeldSends
 from replikafka.broker.replica import messages as M
 from replikafka.protocol import replikafka_pb2 as pb
 
@@ -38,30 +37,19 @@ class RecordingChannels:
         self.sent: list[tuple[int, object]] = []
         self.live: dict = {}
         self.answer = lambda broker, request: M.ControllerRequestResult()
-        self.holding: list | None = None   # as ControllerChannelManager.held: queued at the block's end
+        self.holds = HeldSends(self._queue)   # as ControllerChannelManager.held
         self.sent_held: list[bool] = []   # per request sent: whether inside held()
         self.on_queued = lambda broker, request: None   # called as each request is queued
 
-    @contextlib.contextmanager
     def held(self):
-        self.holding = []
-        try:
-            yield self.holding
-        except BaseException:
-            self.holding = None
-            raise
-        held, self.holding = self.holding, None
-        for broker_id, request, on_response in held:
-            self._queue(broker_id, request, on_response)
+        return self.holds.block()
 
     def set_brokers(self, live):
         self.live = dict(live)
 
     def send(self, broker_id, request, on_response=None):
-        self.sent_held.append(self.holding is not None)
-        if self.holding is not None:
-            self.holding.append((broker_id, request, on_response))
-        else:
+        self.sent_held.append(self.holds.add(broker_id, request, on_response))
+        if not self.sent_held[-1]:
             self._queue(broker_id, request, on_response)
 
     def _queue(self, broker_id, request, on_response):
