@@ -154,15 +154,21 @@ def test_a_new_controller_writes_what_the_dead_broker_changes_then_sends_the_ful
     while new.do_work():
         pass
     assert new.active and new.ctx.epoch == 2
-    t0 = role(("t", 0), 3, [3, 2], [3, 1, 2], zk_version=1, controller_epoch=2)   # 1 only leaves the ISR
-    t1 = role(("t", 1), 2, [2, 3], [1, 2, 3], leader_epoch=1, zk_version=1, controller_epoch=2)  # 1 led
+    assert channels.take() == failover_requests(cluster)
+
+
+def failover_requests(cluster):
+    """What broker 2's controller sends when broker 1, the controller, died: t-0, which 1
+    only followed, leaves 1 out of its ISR; t-1, which 1 led, gets leader 2; the full
+    state to both live brokers, then their LeaderAndIsrs."""
+    t0 = role(("t", 0), 3, [3, 2], [3, 1, 2], zk_version=1, controller_epoch=2)
+    t1 = role(("t", 1), 2, [2, 3], [1, 2, 3], leader_epoch=1, zk_version=1, controller_epoch=2)
     live = (cluster.endpoint(2), cluster.endpoint(3))
     topics = {"t": M.TopicInfo(SCHEMA, {"topic.id": "x"}, "x", 2)}
     full = M.UpdateMetadataRequest(2, 2, (t0, t1), live, topics, full=True)
-    assert channels.take() == [
-        (2, full), (3, full),
-        (3, M.LeaderAndIsrRequest(2, 2, cluster.epochs[3], (t0, t1), topics, live)),
-        (2, M.LeaderAndIsrRequest(2, 2, cluster.epochs[2], (t0, t1), topics, live))]
+    return [(2, full), (3, full),
+            (3, M.LeaderAndIsrRequest(2, 2, cluster.epochs[3], (t0, t1), topics, live)),
+            (2, M.LeaderAndIsrRequest(2, 2, cluster.epochs[2], (t0, t1), topics, live))]
 
 
 class InFlightClient(SimKazooClient):
@@ -221,15 +227,7 @@ def test_a_new_controller_encodes_while_its_writes_are_in_flight_and_queues_once
     writes make) and queued only after every write returned: each role queued is the
     one in ZooKeeper by then."""
     new, channels = _failover_with_writes_in_flight(cluster, lambda request: None)
-    t0 = role(("t", 0), 3, [3, 2], [3, 1, 2], zk_version=1, controller_epoch=2)
-    t1 = role(("t", 1), 2, [2, 3], [1, 2, 3], leader_epoch=1, zk_version=1, controller_epoch=2)
-    live = (cluster.endpoint(2), cluster.endpoint(3))
-    topics = {"t": M.TopicInfo(SCHEMA, {"topic.id": "x"}, "x", 2)}
-    full = M.UpdateMetadataRequest(2, 2, (t0, t1), live, topics, full=True)
-    assert channels.take() == [
-        (2, full), (3, full),
-        (3, M.LeaderAndIsrRequest(2, 2, cluster.epochs[3], (t0, t1), topics, live)),
-        (2, M.LeaderAndIsrRequest(2, 2, cluster.epochs[2], (t0, t1), topics, live))]
+    assert channels.take() == failover_requests(cluster)
     assert channels.sent_held == [True] * 4     # encoded once: nothing encoded again
 
 
