@@ -108,14 +108,13 @@ def _json(d: dict) -> bytes:
     return json.dumps({"version": 1, **d}, sort_keys=True).encode()
 
 
-def _sized(data: bytes, what: str, error, hint: str) -> bytes:
-    """``data`` if one znode can hold it, else ``error`` (a ReplikafkaError class) naming
-    ``what``, its size and the limit, with ``hint``: sent anyway, ZooKeeper would only
-    drop the connection."""
-    if len(data) > ZNODE_DATA_BYTES_MAX:
-        raise error(f"{what} would be {len(data):,} bytes in ZooKeeper, over the {ZNODE_DATA_BYTES_MAX:,} one "
+def _check_size(nbytes: int, what: str, error, hint: str) -> None:
+    """Raise ``error`` (a ReplikafkaError class) naming ``what``, its size and the limit,
+    with ``hint``, unless one write can carry ``nbytes``: sent anyway, ZooKeeper would
+    only drop the connection."""
+    if nbytes > ZNODE_DATA_BYTES_MAX:
+        raise error(f"{what} would be {nbytes:,} bytes in ZooKeeper, over the {ZNODE_DATA_BYTES_MAX:,} one "
                     f"znode may hold (the server's jute.maxbuffer): {hint}")
-    return data
 
 
 def partition_list_batches(tps, doc=lambda entries: _json({"partitions": entries})) -> list[list[tuple[str, int]]]:
@@ -142,11 +141,15 @@ def _partition_entries(tps) -> list[dict]:
     return [{"topic": t, "partition": p} for t, p in tps]
 
 
-def _assignment_json(topic: str, assignment: dict[int, list[int]]) -> bytes:
+def _assignment_json(topic: str, assignment: dict[int, list[int]], beside: int = 0) -> bytes:
+    """The topic's assignment znode, refused by name if it (with ``beside`` more bytes
+    written in the same request) is too big for one write."""
     from replikafka.errors import InvalidPartitionsError
-    return _sized(_json({"partitions": {str(p): r for p, r in sorted(assignment.items())}}),
-                  f"the assignment of topic {topic!r} ({len(assignment):,} partitions)", InvalidPartitionsError,
-                  "spread the partitions over more topics")
+    data = _json({"partitions": {str(p): r for p, r in sorted(assignment.items())}})
+    _check_size(len(data) + beside, f"the assignment of topic {topic!r} ({len(assignment):,} partitions)"
+                + (" with its schema and config" if beside else ""), InvalidPartitionsError,
+                "spread the partitions over more topics")
+    return data
 
 
 def topic_path(topic: str) -> str:
@@ -363,11 +366,8 @@ class ZkStore:
     def create_topic(self, topic: str, assignment: dict[int, list[int]], schema: bytes,
                      config: dict[str, str]) -> None:
         """Config first, then the assignment the controller watches (one multi)."""
-        from replikafka.errors import InvalidPartitionsError
         cfg = _json({"config": config, "schema": base64.b64encode(schema).decode()})
-        assignment_json = _assignment_json(topic, assignment)
-        _sized(cfg + assignment_json, f"topic {topic!r} ({len(assignment):,} partitions, its schema and config)",
-               InvalidPartitionsError, "spread the partitions over more topics")
+        assignment_json = _assignment_json(topic, assignment, beside=len(cfg))
         tx = self.zk.transaction()
         if self.zk.exists(f"{CONFIG_TOPICS}/{topic}"):
             tx.set_data(f"{CONFIG_TOPICS}/{topic}", cfg)
@@ -487,8 +487,9 @@ class ZkStore:
     def create_reassignment(self, plan: dict[tuple[str, int], list[int]]) -> None:
         """Write ``/admin/reassign_partitions``; refused while one is in progress."""
         from replikafka.errors import InvalidRequestError, ReassignmentInProgressError
-        data = _sized(reassignment_to_json(plan), f"a reassignment of {len(plan):,} partitions", InvalidRequestError,
-                      "move the partitions in several smaller reassignments, one after another")
+        data = reassignment_to_json(plan)
+        _check_size(len(data), f"a reassignment of {len(plan):,} partitions", InvalidRequestError,
+                    "move the partitions in several smaller reassignments, one after another")
         try:
             self.zk.create(REASSIGN_PARTITIONS, data, makepath=True)
         except NodeExistsError:
@@ -519,10 +520,10 @@ class ZkStore:
     # ------------------------------------------------------------ preferred replica election
     def create_preferred_election(self, tps: list[tuple[str, int]]) -> None:
         from replikafka.errors import ElectionInProgressError, InvalidRequestError
-        data = _sized(_json({"partitions": _partition_entries(sorted(tps))}),
-                      f"a preferred replica election of {len(tps):,} partitions", InvalidRequestError,
-                      "elect them in several smaller sets, one after another (partition_list_batches; the "
-                      "preferred-replica-election command does this by itself)")
+        data = _json({"partitions": _partition_entries(sorted(tps))})
+        _check_size(len(data), f"a preferred replica election of {len(tps):,} partitions", InvalidRequestError,
+                    "elect them in several smaller sets, one after another (partition_list_batches; the "
+                    "preferred-replica-election command does this by itself)")
         try:
             self.zk.create(PREFERRED_REPLICA_ELECTION, data, makepath=True)
         except NodeExistsError:
