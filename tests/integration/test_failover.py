@@ -38,7 +38,10 @@ class ZkIsrs:
     def __call__(self, topic, partitions):
         return [tuple(self.store.get_partition_state(topic, p)[0].isr) for p in range(partitions)]
 
-    def close(self):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
         self.zk.stop()
         self.zk.close()
 
@@ -48,16 +51,12 @@ def check_no_acked_loss_and_replicas_agree(cluster, topic, partitions, acked, br
     # Quiesce: wait until every replica is back in the ISR (as ZooKeeper holds it) and
     # HW == LEO. A new leader reports no HW (None) until its HW reaches its epoch's
     # start (KIP-207): None == None is not quiet.
-    zk_isrs = ZkIsrs(cluster)
-
-    def quiet():
-        parts = describe(admin, topic)
-        return all(p.high_watermark is not None and p.high_watermark == p.log_end_offset for p in parts) and \
-            all(len(isr) == len(p.replicas) for isr, p in zip(zk_isrs(topic, partitions), parts))
-    try:
+    with ZkIsrs(cluster) as zk_isrs:
+        def quiet():
+            parts = describe(admin, topic)
+            return all(p.high_watermark is not None and p.high_watermark == p.log_end_offset for p in parts) and \
+                all(len(isr) == len(p.replicas) for isr, p in zip(zk_isrs(topic, partitions), parts))
         wait_until(quiet, 60, what="full ISR and HW == LEO")
-    finally:
-        zk_isrs.close()
     committed = read_committed(cluster.bootstrap_servers, topic, partitions)
     lost = {k: v for k, v in acked.items() if committed.get(k) != v}
     assert not lost, f"{len(lost)} acknowledged records lost or changed, e.g. {list(lost.items())[:3]}"
@@ -147,20 +146,19 @@ def test_paused_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster_fa
     cluster = cluster_factory(3, zookeeper_session_timeout_ms=30000, replica_lag_time_max_ms=2000)
     admin = replikafka.Admin(cluster.bootstrap_servers)
     admin.create_topic("lag", partitions=1, replication_factor=3)
-    zk_isrs = ZkIsrs(cluster)
     leader = leader_of(admin, "lag", 0)
     slow = next(b for b in cluster.ids if b != leader)
-    with replikafka.Producer(cluster.bootstrap_servers, acks="1") as prod:
-        cluster.pause(slow)
-        try:
-            for i in range(30):
-                prod.send("lag", kafka_batch([f"x{i}".encode()] * 50)).result(timeout=30)
-                time.sleep(0.1)
-            wait_until(lambda: slow not in zk_isrs("lag", 1)[0], 30, what="ISR to shrink")
-        finally:
-            cluster.resume(slow)
-    wait_until(lambda: slow in zk_isrs("lag", 1)[0], 30, what="ISR to re-expand")
-    zk_isrs.close()
+    with ZkIsrs(cluster) as zk_isrs:
+        with replikafka.Producer(cluster.bootstrap_servers, acks="1") as prod:
+            cluster.pause(slow)
+            try:
+                for i in range(30):
+                    prod.send("lag", kafka_batch([f"x{i}".encode()] * 50)).result(timeout=30)
+                    time.sleep(0.1)
+                wait_until(lambda: slow not in zk_isrs("lag", 1)[0], 30, what="ISR to shrink")
+            finally:
+                cluster.resume(slow)
+        wait_until(lambda: slow in zk_isrs("lag", 1)[0], 30, what="ISR to re-expand")
     check_no_acked_loss_and_replicas_agree(cluster, "lag", 1, {})
     admin.close()
 
