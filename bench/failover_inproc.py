@@ -98,7 +98,11 @@ def child(args) -> None:
 
     n = args.partitions
     tmp = tempfile.mkdtemp(prefix="fo-inproc-", dir=args.dir)
-    cfg = BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": tmp})
+    # The followers here never fetch: a lag time longer than any round keeps the ISR passes
+    # what they measure, a scan with nothing to change (a slow round under --gil-load
+    # outlasted the default 30 s and the passes found every follower behind).
+    cfg = BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": tmp,
+                                  "replica.lag.time.max.ms": 3_600_000})
     logs = LogManager([tmp], log_config_for_topic(cfg, {}), clock=SYSTEM_CLOCK)
     metadata = MetadataCache()
     metadata.broker_epochs = {1: 10, 2: 20, 3: 30}
