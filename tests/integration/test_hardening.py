@@ -319,7 +319,8 @@ def test_a_broker_out_of_open_files_keeps_its_log_dir_online_and_what_it_stored(
         while todo and time.monotonic() < deadline:
             time.sleep(4)                         # idle logs give back their files meanwhile
             todo = [p for p, _c, _m in produce(todo)]
-        assert todo == []
+        assert todo == [], (f"{len(todo)} partitions still refused after 90 s, e.g. {todo[:5]}; open fds "
+                            f"{_open_fds(cluster.procs[1].pid)}; broker log:\n{cluster.tail(1, 80)}")
         # Reads map files too: once idle logs gave their files back, every record is there.
         wait_until(lambda: _open_fds(cluster.procs[1].pid) < 300, what="idle logs giving their files back")
         c = replikafka.Consumer(cluster.bootstrap_servers)
