@@ -171,6 +171,11 @@ class EntryFile:
             self.write_pending()              # closing it must not read it (2 files a log)
         self._close_fd()
 
+    def close_keeping_pending(self) -> None:
+        """Close the descriptor only: entries not yet in the file stay in memory and go
+        with the next ``write_pending`` (a process out of descriptors cannot write them)."""
+        self._close_fd()
+
     def _close_fd(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

@@ -646,12 +646,26 @@ class LogSegment:
         """An idle segment gives back its descriptors and its mapping (under the
         Log's lock). The next append or read opens or maps again; readers still
         holding slices of the old mapping keep it alive. True if writing the
-        pending index entries created an index file (the directory needs an fsync)."""
-        created = self.write_pending_index_entries()
-        self.close()
+        pending index entries created an index file (the directory needs an fsync).
+
+        The data file's descriptor and the mapping go first, and a process out of
+        descriptors (EMFILE, ENFILE) keeps the pending index entries in memory for the
+        next release or flush (the indexes are caches) and gives back the rest anyway:
+        writing them needs a descriptor, and releasing idle logs is how a broker at
+        its limit gets descriptors back."""
+        self._close_fd()
         with self._map_lock:
             self._buf = None
             self._verified.clear()      # the next mapping checks every batch again
+        try:
+            created = self.write_pending_index_entries()
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            self.offset_index.close_keeping_pending()
+            self.time_index.close_keeping_pending()
+            return False
+        self.close()
         return created
 
     @property

@@ -210,3 +210,35 @@ def test_verified_spans_merge_and_forget():
     assert v.spans == [] and not v.covers(0, 10)
     v.add(0, 10, g)                               # checked under the released mapping: dropped
     assert v.spans == []
+
+
+def test_an_idle_segment_out_of_descriptors_still_gives_back_its_file_and_mapping(tmp_path, monkeypatch):
+    """Releasing idle logs is how a process at its descriptor limit gets descriptors back;
+    writing a segment's pending index entries needs one. Out of them (EMFILE), the release
+    still closes the data file and drops the mapping, and the entries stay in memory until
+    the next release writes them: the index loses nothing."""
+    import errno
+    import os as _os
+
+    log = open_log(tmp_path / "t-0", LogConfig(segment_bytes=1 << 20, index_interval_bytes=1))
+    fill(log, 4)
+    log.read_stored(0, 10**6)                         # mapped
+    seg = log.segments()[-1]
+    index_path = seg.offset_index.path
+    assert seg.holds_resources and not _os.path.exists(index_path)     # entries pending in memory
+    real_open = _os.open
+
+    def out_of_descriptors(path, *a, **kw):
+        if str(path).endswith((".index", ".timeindex")):
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return real_open(path, *a, **kw)
+    monkeypatch.setattr(_os, "open", out_of_descriptors)
+    assert log.release_for_cap()
+    assert not seg.holds_resources                    # data file closed, mapping dropped
+    assert not _os.path.exists(index_path)
+    monkeypatch.setattr(_os, "open", real_open)
+    fill(log, 1)                                      # used again, then released with descriptors to spare
+    entries = list(seg.offset_index.entries())
+    assert len(entries) == 4                          # one per batch after the first
+    assert log.release_for_cap() and _os.path.getsize(index_path) == 8 * len(entries)   # none lost
+    assert [b.base_offset for b in log.read_stored(0, 10**6).batches] == [0, 5, 10, 15, 20]
