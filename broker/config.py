@@ -515,6 +515,10 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
     _k("python.switch.interval.us", INT, 1000, "us",
        "How long a thread holding Python's GIL runs on while another waits for it (sys.setswitchinterval; Python's "
        "default is 5000); 0 = Python's default.", Range(0, 1_000_000)),
+    _k("python.gc.generation0.threshold.objects", INT, 50_000, "objects",
+       "Net new objects between collections of Python's youngest generation (gc.set_threshold's first value; "
+       "Python's default is 700, which promotes a request's objects to the old generation while it runs); "
+       "0 = Python's default.", Range(0, INT_MAX)),
     _k("malloc.trim.threshold.bytes", INT, 64 << 20, "bytes",
        "Freed memory each glibc malloc arena keeps for reuse instead of returning it to the kernel (fetch-sized "
        "buffers are then not faulted in again; broker/malloc_tuning.py); 0 = glibc's defaults.", Range(0, INT_MAX)),

@@ -32,12 +32,13 @@ long (snapshots of the partition map, one partition lock at a time).
 """
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import Iterable
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 #: Request latency buckets, in ms (Kafka's RequestMetrics times are in ms).
@@ -427,6 +428,55 @@ class OpenLogsCollector(Collector):
                                   "(reopened on their next use)", value=self.open_logs.released)
 
 
+class GcPauses(Collector):
+    """Python's cyclic collections in this process (``gc.callbacks``): per generation,
+    how many ran and the seconds they held the GIL, the counterpart of the JVM
+    exporter's ``jvm_gc_collection_seconds``, and the longest one. Process-wide:
+    :func:`gc_pauses` installs one. Not locked: Python runs no collection while a
+    collection's callbacks run, so two updates never interleave."""
+
+    def __init__(self):
+        self.counts = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest_s = 0.0
+        self._started = 0.0
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        g = info["generation"]
+        self.counts[g] += 1
+        self.seconds[g] += took
+        if took > self.longest_s:
+            self.longest_s = took
+
+    def collect(self):
+        s = SummaryMetricFamily("python_gc_pause_seconds",
+                                "Python cyclic garbage collections and the seconds they held the GIL",
+                                labels=["generation"])
+        for g in range(3):
+            s.add_metric([str(g)], self.counts[g], self.seconds[g])
+        yield s
+        yield _gauge("python_gc_pause_seconds_max", "The longest cyclic garbage collection so far, in seconds",
+                     self.longest_s)
+
+
+_gc_pauses: GcPauses | None = None
+_gc_pauses_lock = threading.Lock()
+
+
+def gc_pauses() -> GcPauses:
+    """This process's :class:`GcPauses`, installed in ``gc.callbacks`` on first use."""
+    global _gc_pauses
+    with _gc_pauses_lock:
+        if _gc_pauses is None:
+            _gc_pauses = GcPauses()
+            gc.callbacks.append(_gc_pauses.on_gc)
+        return _gc_pauses
+
+
 # ---------------------------------------------------------------- wiring
 class BrokerMetrics:
     """One broker's registry and the stats objects its hot paths update.
@@ -445,6 +495,7 @@ class BrokerMetrics:
         self.registry.register(self.requests)
         self.registry.register(self.replica_stats)
         self.registry.register(BrokerInfoCollector(broker_id, time.monotonic()))
+        self.registry.register(gc_pauses())
 
     def bind(self, broker) -> None:
         """Register the scrape-time collectors over a started broker's objects."""

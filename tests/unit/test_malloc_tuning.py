@@ -56,7 +56,7 @@ def test_a_broker_process_takes_the_configured_switch_interval():
     from replikafka.broker.server import tune_process
     before = sys.getswitchinterval()
     base = {"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": "/nonexistent",
-            "malloc.trim.threshold.bytes": "0"}
+            "malloc.trim.threshold.bytes": "0", **_GC_AS_IS}
     try:
         sys.setswitchinterval(0.005)
         tune_process(BrokerConfig.from_dict(base))
@@ -68,3 +68,29 @@ def test_a_broker_process_takes_the_configured_switch_interval():
         assert sys.getswitchinterval() == pytest.approx(0.005)
     finally:
         sys.setswitchinterval(before)
+
+
+#: tune_process settings that leave the test process's garbage collector as it is.
+_GC_AS_IS = {"python.gc.generation0.threshold.objects": "0"}
+
+
+def test_a_broker_process_takes_the_configured_young_collection_threshold():
+    """python.gc.generation0.threshold.objects (default 50,000) is the collector's first
+    threshold once a broker starts (server.tune_process); 0 leaves Python's."""
+    import gc
+
+    from replikafka.broker.config import BrokerConfig
+    from replikafka.broker.server import tune_process
+    base = {"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": "/nonexistent",
+            "malloc.trim.threshold.bytes": "0", "python.switch.interval.us": "0"}
+    thresholds = gc.get_threshold()
+    try:
+        gc.set_threshold(700, *thresholds[1:])
+        tune_process(BrokerConfig.from_dict({**base, **_GC_AS_IS}))
+        assert gc.get_threshold() == (700,) + thresholds[1:]
+        tune_process(BrokerConfig.from_dict(base))
+        assert gc.get_threshold() == (50_000,) + thresholds[1:]
+        tune_process(BrokerConfig.from_dict({**base, "python.gc.generation0.threshold.objects": "2000"}))
+        assert gc.get_threshold() == (2000,) + thresholds[1:]
+    finally:
+        gc.set_threshold(*thresholds)

@@ -2,6 +2,7 @@
 the status page's pure parts (broker/status_page.py) and log levels (broker/log_levels.py)."""
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import urllib.error
@@ -60,6 +61,24 @@ def test_each_broker_has_its_own_registry_and_the_default_one_is_untouched():
     assert "kafka_server_brokertopicmetrics_bytesin_total" not in samples(b.registry)
     assert "kafka_network_requestmetrics_requests_total" not in samples(b.registry)
     assert {m.name for m in REGISTRY.collect()} == before
+
+
+def test_gc_pauses_count_each_generations_collections_and_their_seconds():
+    a = BrokerMetrics(1)
+    before = samples(a.registry)
+    gc.collect(0)
+    gc.collect()
+    gc.collect()
+    after = samples(a.registry)
+    count, total = "python_gc_pause_seconds_count", "python_gc_pause_seconds_sum"
+    young, full = (("generation", "0"),), (("generation", "2"),)
+    assert after[count][full] == before[count][full] + 2
+    assert after[count][young] >= before[count][young] + 1
+    assert after[total][full] > before[total][full]
+    assert after["python_gc_pause_seconds_max"][()] > 0
+    # One callback per process, however many brokers it runs (tests run several).
+    BrokerMetrics(2)
+    assert sum(1 for cb in gc.callbacks if getattr(cb, "__self__", None).__class__.__name__ == "GcPauses") == 1
 
 
 def test_request_metrics_count_requests_errors_by_code_and_latency_with_kafkas_request_names():

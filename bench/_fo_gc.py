@@ -1,0 +1,268 @@
+"""The broker's side of the scale bench's failover rows, in one process, no cluster.
+
+One survivor (broker 1 of brokers 1-3, RF=3) with N partitions on a temp dir: a
+real LogManager, ReplicaManager and metadata cache, driven as its RPC shell
+(``broker/replica_rpc.py``) drives them, from protobuf wire bytes. The fetcher
+manager only records what it is asked (no fetches run), ZooKeeper is not used.
+Each round, in a fresh child process:
+
+* take-up: one LeaderAndIsr of all N partitions, leaders 1, 2, 3 in turn (epoch 0);
+  then every log's files and mappings are released as idle (the broker does so after
+  ``log.idle.release.ms``, 60 s, long before a failover at this size);
+* failover: broker 3 died: one LeaderAndIsr of its N/3 partitions, half led by
+  broker 1 now (epoch 1), half by broker 2 (broker 1 follows);
+* first write: one acks=1 Produce of one record to each partition broker 1 now
+  leads (what the bench's ``_write_all`` sends), wire bytes in, wire bytes out;
+* second write: the same again (a later write to a leader); with ``--gil-load K``,
+  K threads run pure Python through both writes, as a loaded survivor's fetchers
+  and RPC threads do: a write that gives the GIL up and takes it back often waits
+  for the others' switch interval each time;
+* the background passes a broker runs every 0.5 s and 1 s (ISR maintenance, log
+  maintenance), twice each, with nothing for them to change;
+* a replication round with nothing new, the two sides of what runs back to back
+  while the writes go on: fetch-serve, broker 2's follower fetch of every partition
+  broker 1 leads (wire bytes in, the follower codec's bytes out, no wait); and
+  fetch-follow, one round of broker 1's fetcher of the partitions it follows from
+  broker 2 (its request's wire bytes made, a recorded answer of that leader decoded
+  and applied).
+
+``--root DIR`` loads the package from another worktree (DIR/python/replikafka,
+DIR/broker) to compare an older commit with this one, rounds interleaved::
+
+    python bench/failover_inproc.py --partitions 20000 --rounds 3 [--root /work/wt-old ...]
+
+Prints per round and code version each phase's wall and CPU seconds (this process)
+and the 1-minute load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from controller_inproc import _load_from  # noqa: E402
+
+TOPIC = "scale"
+
+
+class _NoWrites:
+    """The ZooKeeper store's ISR writes, for a pass that has none to make."""
+
+    def update_partition_states(self, updates):
+        assert not updates, updates[:3]
+        return []
+
+    def notify_isr_change(self, changed):
+        pass
+
+
+class _RecordingFetchers:
+    def __init__(self):
+        self.following: dict = {}
+
+    def add_partitions(self, partitions):
+        self.following.update(partitions)
+
+    def remove_partitions(self, tps):
+        for tp in tps:
+            self.following.pop(tp, None)
+
+    def remove_partition(self, tp):
+        self.remove_partitions([tp])
+
+    def shutdown(self):
+        pass
+
+
+def child(args) -> None:
+    if args.root:
+        _load_from(args.root[0])
+    from replikafka import records as R
+    from replikafka.broker import replica_fetch_codec, replica_rpc
+    from replikafka.broker.replica import messages as M
+    from replikafka.broker.replica.replica_fetcher import ReplicaFetcher
+    from replikafka.broker.config import BrokerConfig, log_config_for_topic
+    from replikafka.broker.metadata_cache import MetadataCache
+    from replikafka.broker.replica.replica_manager import ReplicaManager
+    from replikafka.broker.server import PartitionLogs
+    from replikafka.broker.storage import LogManager
+    from replikafka.broker.storage.clock import SYSTEM_CLOCK
+    from replikafka.protocol import replikafka_pb2 as pb
+
+    n = args.partitions
+    tmp = tempfile.mkdtemp(prefix="fo-inproc-", dir=args.dir)
+    # The followers here never fetch: a lag time longer than any round keeps the ISR passes
+    # what they measure, a scan with nothing to change (a slow round under --gil-load
+    # outlasted the default 30 s and the passes found every follower behind).
+    cfg = BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": tmp,
+                                  "replica.lag.time.max.ms": 3_600_000})
+    logs = LogManager([tmp], log_config_for_topic(cfg, {}), clock=SYSTEM_CLOCK)
+    metadata = MetadataCache()
+    metadata.broker_epochs = {1: 10, 2: 20, 3: 30}
+    rm = ReplicaManager(1, cfg, PartitionLogs(cfg, logs), None, metadata, _RecordingFetchers(), SYSTEM_CLOCK)
+    rm.registered_epoch = 10
+    topic_schema = R.parse_schema("value BINARY")
+    schema = R.schema_to_bytes(R.stored_schema(topic_schema))
+
+    def lai(states, epoch) -> bytes:
+        req = pb.LeaderAndIsrRequest(controller_id=2, controller_epoch=epoch, broker_epoch=10)
+        t = req.topics.add()
+        t.name, t.schema, t.topic_id = TOPIC, schema, "tid"
+        for p, leader, leader_epoch, isr in states:
+            req.partitions.add(topic=TOPIC, partition=p, leader=leader, leader_epoch=leader_epoch, isr=isr,
+                               replicas=[1, 2, 3], zk_version=leader_epoch, controller_epoch=epoch)
+        return req.SerializeToString()
+
+    b = R.to_record_batch([{"value": b"x"}], topic_schema, timestamp_ms=0)
+    payload = R.encode_stream(b.schema, [b]).to_pybytes()
+    crc = R.records_crc32c(payload)
+    out = {}
+
+    def timed(name, fn):
+        w, c = time.perf_counter(), time.process_time()
+        r = fn()
+        out[name] = (time.perf_counter() - w, time.process_time() - c)
+        return r
+
+    take_up = lai([(p, 1 + p % 3, 0, [1, 2, 3]) for p in range(n)], 1)
+    timed("take-up", lambda: replica_rpc.leader_and_isr(rm, metadata, pb.LeaderAndIsrRequest.FromString(take_up)))
+    now = SYSTEM_CLOCK.time_ms()
+    for p in range(n):
+        logs.get_log(TOPIC, p).release_if_idle(now + 1, 0)
+    victims = [p for p in range(n) if p % 3 == 2]
+    mine = victims[0::2]
+    failover = lai([(p, 1 if i % 2 == 0 else 2, 1, [1, 2]) for i, p in enumerate(victims)], 1)
+    produce = pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
+        pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload, records_crc32c=crc)
+        for p in mine]).SerializeToString()
+    timed("failover-lai", lambda: replica_rpc.leader_and_isr(rm, metadata,
+                                                            pb.LeaderAndIsrRequest.FromString(failover)))
+
+    def write():
+        resp = replica_rpc.produce_response(rm.produce(replica_rpc.produce_request(
+            pb.ProduceRequest.FromString(produce))))
+        errors = [r for r in resp.partitions if r.error.code]
+        assert not errors, errors[:3]
+        return resp.SerializeToString()
+
+    stop_load = threading.Event()
+
+    def spin():   # another thread's pure-Python work, as a broker's fetchers and RPCs are
+        while not stop_load.is_set():
+            sum(range(2000))
+
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
+    for _ in range(args.gil_load):
+        threading.Thread(target=spin, daemon=True).start()
+    import gc
+    gcs={"t":0.0,"n":[0,0,0]}
+    def cb(phase, info, st={}):
+        if phase=="start": st["t"]=time.perf_counter()
+        else:
+            gcs["t"]+=time.perf_counter()-st["t"]; gcs["n"][info["generation"]]+=1
+    gc.callbacks.append(cb)
+    if os.environ.get("FREEZE"): gc.freeze()
+    if args.profile_pause:
+        print("PID", os.getpid(), flush=True)
+        time.sleep(args.profile_pause)
+    print("gc objects", len(gc.get_objects()), gc.get_count(), gc.get_threshold(), flush=True)
+    timed("first-write", write)
+    print("gc during first write", gcs, flush=True)
+    gcs["t"]=0.0; gcs["n"]=[0,0,0]
+    timed("second-write", write)
+    print("gc during second write", gcs, flush=True)
+    stop_load.set()
+    # Steady-state background passes (server.py runs them every 0.5 s and 1 s): the
+    # first ISR pass and log pass after the writes, then a later one of each.
+    rm.store = _NoWrites()
+    clock_ms = SYSTEM_CLOCK.time_ms
+    timed("isr-pass-1", rm.do_isr_work)
+    timed("isr-pass-2", rm.do_isr_work)
+    timed("log-pass-1", lambda: logs.do_work(clock_ms()))
+    timed("log-pass-2", lambda: logs.do_work(clock_ms()))
+    led = [p for p in range(n) if rm.get((TOPIC, p)).role == "leader"]
+    # A follower that names the HW it holds hears only of partitions with news (since
+    # this field came in); before, every partition it named was in each answer.
+    hw_known = "follower_high_watermark" in pb.FetchPartition.DESCRIPTOR.fields_by_name
+
+    def follower_request() -> bytes:
+        return pb.FetchRequest(replica_id=2, replica_epoch=20, max_wait_ms=0, min_bytes=1, max_bytes=10 << 20,
+                               partitions=[pb.FetchPartition(
+                                   topic=TOPIC, partition=p, fetch_offset=rm.get((TOPIC, p)).log.log_end_offset,
+                                   current_leader_epoch=rm.get((TOPIC, p)).leader_epoch, partition_max_bytes=1 << 20,
+                                   **({"follower_high_watermark": rm.get((TOPIC, p)).hw} if hw_known else {}))
+                                   for p in led]).SerializeToString()
+
+    def fetch_serve(serve: bytes) -> int:
+        answer = replica_fetch_codec.encode(replica_rpc.follower_fetch(rm, pb.FetchRequest.FromString(serve)))
+        return len(replica_fetch_codec.decode(answer).partitions)
+
+    fetch_serve(follower_request())   # the follower caught up with the writes (the HWs move)
+    serve = follower_request()
+    answered = timed("fetch-serve", lambda: fetch_serve(serve))
+    assert answered == (0 if hw_known else len(led)), answered
+    followed = {tp: epoch for tp, (leader, epoch) in rm.fetchers.following.items() if leader == 2}
+    answer = replica_fetch_codec.encode(replica_rpc.follower_fetch_response([] if hw_known else [
+        M.FetchPartitionResult(tp[0], tp[1], None, 0, 0, 0) for tp in followed]))
+
+    class RecordedLeader:
+        def fetch(self, request, timeout_s):
+            replica_rpc.fetch_request_pb(request).SerializeToString()
+            return replica_rpc.follower_fetch_results(replica_fetch_codec.decode(answer))
+
+    fetcher = ReplicaFetcher(1, 2, RecordedLeader(), rm.get, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
+                             backoff_ms=1000, request_timeout_s=30)
+    fetcher.add_many(followed)
+    for st in fetcher.states.values():
+        st.truncating = False
+    timed("fetch-follow", fetcher.do_work)
+    out["mine"] = len(mine)
+    out["fetch"] = (len(led), len(followed))
+    print("RESULT " + json.dumps(out), flush=True)
+    logs.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--partitions", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--root", action="append", default=[], help="another worktree to compare (repeatable)")
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--dir", default=None, help="where the temp log dirs go")
+    ap.add_argument("--profile-pause", type=float, default=0, help="child: print its pid and sleep first")
+    ap.add_argument("--switch-interval-ms", type=float, default=0, help="child: sys.setswitchinterval (0: as is)")
+    ap.add_argument("--gil-load", type=int, default=0,
+                    help="threads running pure Python beside the writes (a loaded broker's fetchers and RPCs)")
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    roots = [""] + args.root
+    for r in range(args.rounds):
+        for root in roots:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", "--partitions", str(args.partitions),
+                   "--gil-load", str(args.gil_load)] \
+                + (["--root", root] if root else []) + (["--dir", args.dir] if args.dir else [])
+            load = os.getloadavg()[0]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            line = next((l for l in res.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if line is None:
+                print(res.stdout[-2000:], res.stderr[-4000:])
+                raise SystemExit(f"round {r} {root or 'this'} failed")
+            got = json.loads(line[7:])
+            phases = "  ".join(f"{k} {v[0]:6.2f}s (cpu {v[1]:5.2f})" for k, v in got.items()
+                               if k not in ("mine", "fetch"))
+            print(f"round {r} {root or 'this':16s} load {load:5.2f}/{os.getloadavg()[0]:5.2f}  "
+                  f"leads {got['mine']} (fetches serve/follow {got.get('fetch')})  {phases}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
