@@ -24,7 +24,8 @@ Each round, in a fresh child process:
   broker 1 leads (wire bytes in, the follower codec's bytes out, no wait); and
   fetch-follow, one round of broker 1's fetcher of the partitions it follows from
   broker 2 (its request's wire bytes made, a recorded answer of that leader decoded
-  and applied).
+  and applied); in an incremental fetch session (KIP-227) once the code has them,
+  the round after the full fetch that opened it.
 
 ``--root DIR`` loads the package from another worktree (DIR/python/replikafka,
 DIR/broker) to compare an older commit with this one, rounds interleaved::
@@ -180,26 +181,39 @@ def child(args) -> None:
     # A follower that names the HW it holds hears only of partitions with news (since
     # this field came in); before, every partition it named was in each answer.
     hw_known = "follower_high_watermark" in pb.FetchPartition.DESCRIPTOR.fields_by_name
+    # Followers in incremental fetch sessions (since they came in): the measured round is
+    # a session's fetch with nothing new; before, a fetch naming every partition.
+    sessions = "session_epoch" in pb.FetchRequest.DESCRIPTOR.fields_by_name
 
-    def follower_request() -> bytes:
+    def follower_request(**session) -> bytes:
         return pb.FetchRequest(replica_id=2, replica_epoch=20, max_wait_ms=0, min_bytes=1, max_bytes=10 << 20,
                                partitions=[pb.FetchPartition(
                                    topic=TOPIC, partition=p, fetch_offset=rm.get((TOPIC, p)).log.log_end_offset,
                                    current_leader_epoch=rm.get((TOPIC, p)).leader_epoch, partition_max_bytes=1 << 20,
                                    **({"follower_high_watermark": rm.get((TOPIC, p)).hw} if hw_known else {}))
-                                   for p in led]).SerializeToString()
+                                   for p in led], **session).SerializeToString()
 
-    def fetch_serve(serve: bytes) -> int:
+    def fetch_serve(serve: bytes):
         answer = replica_fetch_codec.encode(replica_rpc.follower_fetch(rm, pb.FetchRequest.FromString(serve)))
-        return len(replica_fetch_codec.decode(answer).partitions)
+        return replica_fetch_codec.decode(answer)
 
-    fetch_serve(follower_request())   # the follower caught up with the writes (the HWs move)
-    serve = follower_request()
-    answered = timed("fetch-serve", lambda: fetch_serve(serve))
+    if sessions:
+        # The full fetch opening the session (the HWs move), the follower naming the HWs
+        # it learnt; then a fetch of that session with nothing new.
+        sid = fetch_serve(follower_request(session_epoch=0)).session_id
+        assert sid
+        fetch_serve(follower_request(session_id=sid, session_epoch=1))
+        serve = pb.FetchRequest(replica_id=2, replica_epoch=20, max_wait_ms=0, min_bytes=1, max_bytes=10 << 20,
+                                session_id=sid, session_epoch=2).SerializeToString()
+    else:
+        fetch_serve(follower_request())   # the follower caught up with the writes (the HWs move)
+        serve = follower_request()
+    answered = timed("fetch-serve", lambda: len(fetch_serve(serve).partitions))
     assert answered == (0 if hw_known else len(led)), answered
     followed = {tp: epoch for tp, (leader, epoch) in rm.fetchers.following.items() if leader == 2}
-    answer = replica_fetch_codec.encode(replica_rpc.follower_fetch_response([] if hw_known else [
-        M.FetchPartitionResult(tp[0], tp[1], None, 0, 0, 0) for tp in followed]))
+    answer = replica_fetch_codec.encode(replica_rpc.follower_fetch_response(
+        M.FetchResponse([], session_id=7) if sessions else [] if hw_known else [
+            M.FetchPartitionResult(tp[0], tp[1], None, 0, 0, 0) for tp in followed]))
 
     class RecordedLeader:
         def fetch(self, request, timeout_s):
@@ -211,6 +225,8 @@ def child(args) -> None:
     fetcher.add_many(followed)
     for st in fetcher.states.values():
         st.truncating = False
+    if sessions:
+        fetcher.do_work()                 # the full fetch opening the session
     timed("fetch-follow", fetcher.do_work)
     out["mine"] = len(mine)
     out["fetch"] = (len(led), len(followed))
@@ -246,7 +262,7 @@ def main() -> None:
                 print(res.stdout[-2000:], res.stderr[-4000:])
                 raise SystemExit(f"round {r} {root or 'this'} failed")
             got = json.loads(line[7:])
-            phases = "  ".join(f"{k} {v[0]:6.2f}s (cpu {v[1]:5.2f})" for k, v in got.items()
+            phases = "  ".join(f"{k} {v[0]:7.3f}s (cpu {v[1]:6.3f})" for k, v in got.items()
                                if k not in ("mine", "fetch"))
             print(f"round {r} {root or 'this':16s} load {load:5.2f}/{os.getloadavg()[0]:5.2f}  "
                   f"leads {got['mine']} (fetches serve/follow {got.get('fetch')})  {phases}", flush=True)

@@ -444,6 +444,9 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "How followers fetch from leaders without security: grpc (/replikafka.ReplicaData/Fetch) or flight (the "
        "leader's Flight listener, action replica-fetch; same request and answer bytes). Secured clusters use grpc.",
        OneOf("grpc", "flight")),
+    _k("max.incremental.fetch.session.cache.slots", INT, 1000, "sessions",
+       "Followers' incremental fetch sessions a leader keeps (KIP-227; least recently used evicted; 0: none, "
+       "every follower fetch names and reads every partition).", Range(0, INT_MAX)),
     _k("num.replica.fetchers", INT, 1, "threads",
        "Fetcher threads per source broker replicating its partitions.", Range(1, INT_MAX)),
     _k("replica.high.watermark.checkpoint.interval.ms", LONG, 5000, "ms",

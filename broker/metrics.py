@@ -319,10 +319,24 @@ class ReplicaManagerCollector(Collector):
         yield _gauge("kafka_server_replicafetchermanager_maxlag",
                      "Largest (leader LEO - own LEO) over the partitions this broker follows (records)",
                      self._fetcher_max_lag())
+        yield from self._fetch_sessions()
         yield size
         yield segments
         yield start
         yield end
+
+    def _fetch_sessions(self):
+        """The followers' incremental fetch sessions this broker keeps as a leader (KIP-227)."""
+        with self.rm._sessions_lock:
+            cache = self.rm.fetch_sessions
+            count, evictions = len(cache), cache.evictions
+            cached = sum(len(s.partitions) for s in cache.sessions.values())
+        yield _gauge("kafka_server_fetchsessioncache_numincrementalfetchsessions",
+                     "Followers' incremental fetch sessions held here", count)
+        yield _gauge("kafka_server_fetchsessioncache_numincrementalfetchpartitionscached",
+                     "Partitions held in those sessions", cached)
+        yield CounterMetricFamily("kafka_server_fetchsessioncache_incrementalfetchsessionevictions",
+                                  "Fetch sessions evicted to make room for new ones", value=evictions)
 
     def _fetcher_max_lag(self) -> int:
         with self.fetchers.lock:

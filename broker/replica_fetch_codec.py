@@ -61,10 +61,12 @@ class FollowerFetchPartition:
 
 
 class FollowerFetchResponse:
-    __slots__ = ("partitions",)
+    __slots__ = ("partitions", "session_id", "error")
 
-    def __init__(self, partitions: list[FollowerFetchPartition]):
+    def __init__(self, partitions: list[FollowerFetchPartition], session_id: int = 0, error=None):
         self.partitions = partitions
+        self.session_id = session_id
+        self.error = error            # the header's whole-fetch Error (protobuf)
 
 
 def decode(data) -> FollowerFetchResponse:
@@ -87,4 +89,4 @@ def decode(data) -> FollowerFetchResponse:
         pos += size
     if pos != len(data):
         raise ValueError(f"follower fetch response has {len(data) - pos} bytes after its last partition")
-    return FollowerFetchResponse(out)
+    return FollowerFetchResponse(out, header.session_id, header.error)

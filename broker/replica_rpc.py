@@ -125,7 +125,9 @@ def fetch_request(req: pb.FetchRequest) -> M.FetchRequest:
                                p.follower_high_watermark if p.HasField("follower_high_watermark") else None)
               for p in req.partitions),
         max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes,
-        replica_epoch=req.replica_epoch, columns=tuple(req.columns) or None)
+        replica_epoch=req.replica_epoch, columns=tuple(req.columns) or None,
+        session_id=req.session_id, session_epoch=req.session_epoch if req.HasField("session_epoch") else None,
+        forgotten=tuple((f.topic, f.partition) for f in req.forgotten))
 
 
 def fetch_request_pb(req: M.FetchRequest) -> pb.FetchRequest:
@@ -137,7 +139,9 @@ def fetch_request_pb(req: M.FetchRequest) -> pb.FetchRequest:
                                       partition_max_bytes=p.partition_max_bytes,
                                       last_fetched_epoch=p.last_fetched_epoch,
                                       follower_high_watermark=p.follower_high_watermark)
-                    for p in req.partitions])
+                    for p in req.partitions],
+        session_id=req.session_id, session_epoch=req.session_epoch,
+        forgotten=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in req.forgotten])
 
 
 def _fetch_header(out: pb.FetchResponse, r: M.FetchPartitionResult) -> pb.FetchPartitionResponse:
@@ -161,12 +165,17 @@ def fetch_response(results: list[M.FetchPartitionResult]) -> pb.FetchResponse:
     return out
 
 
-def follower_fetch_response(results: list[M.FetchPartitionResult]) -> tuple[pb.FetchResponse, list]:
-    """A follower's Fetch answer in the ``replica_fetch_codec`` format: the header (each
-    partition's ``records_size``) and the stored batches, to be joined by its ``encode``."""
-    out = pb.FetchResponse()
+def follower_fetch_response(answer: M.FetchResponse | list) -> tuple[pb.FetchResponse, list]:
+    """A follower's Fetch answer (or its partitions' results alone) in the
+    ``replica_fetch_codec`` format: the header (each partition's ``records_size``, the
+    session id, a whole-fetch error) and the stored batches, to be joined by its ``encode``."""
+    if isinstance(answer, list):
+        answer = M.FetchResponse(answer)
+    out = pb.FetchResponse(session_id=answer.session_id)
+    if answer.error is not None:
+        out.error.CopyFrom(to_pb(answer.error))
     batches = []
-    for r in results:
+    for r in answer.partitions:
         e = _fetch_header(out, r)
         if r.error is None and r.records is not None:
             batches.append(r.records)
@@ -174,11 +183,13 @@ def follower_fetch_response(results: list[M.FetchPartitionResult]) -> tuple[pb.F
     return out, batches
 
 
-def follower_fetch_results(resp: replica_fetch_codec.FollowerFetchResponse) -> list[M.FetchPartitionResult]:
+def follower_fetch_results(resp: replica_fetch_codec.FollowerFetchResponse) -> M.FetchResponse:
     """The follower's side of :func:`follower_fetch_response` (after the codec's ``decode``)."""
-    return [M.FetchPartitionResult(p.topic, p.partition, from_pb(p.error), p.high_watermark, p.log_end_offset,
-                                   p.log_start_offset, p.records if p.record_count else None,
-                                   p.records_base_offset, p.record_count) for p in resp.partitions]
+    return M.FetchResponse([M.FetchPartitionResult(p.topic, p.partition, from_pb(p.error), p.high_watermark,
+                                                   p.log_end_offset, p.log_start_offset,
+                                                   p.records if p.record_count else None, p.records_base_offset,
+                                                   p.record_count) for p in resp.partitions],
+                           resp.session_id, from_pb(resp.error))
 
 
 def fetch(rm, req: pb.FetchRequest, context_active=lambda: True) -> pb.FetchResponse:
@@ -190,7 +201,7 @@ def follower_fetch(rm, req: pb.FetchRequest, context_active=lambda: True) -> tup
     if req.replica_id < 0:
         raise E.InvalidRequestError(f"{replica_fetch_codec.PATH} is for followers (replica_id >= 0), "
                                     f"got replica_id {req.replica_id}")
-    return follower_fetch_response(rm.fetch(fetch_request(req), context_active))
+    return follower_fetch_response(rm.follower_fetch(fetch_request(req), context_active))
 
 
 # ---------------------------------------------------------------- offsets
@@ -249,7 +260,7 @@ class GrpcLeaderEndpoint:
                                                request_serializer=pb.FetchRequest.SerializeToString,
                                                response_deserializer=replica_fetch_codec.decode)
 
-    def fetch(self, request: M.FetchRequest, timeout_s: float) -> list[M.FetchPartitionResult]:
+    def fetch(self, request: M.FetchRequest, timeout_s: float) -> M.FetchResponse:
         try:
             return follower_fetch_results(self._fetch(fetch_request_pb(request), timeout=timeout_s))
         except grpc.RpcError as exc:
@@ -284,7 +295,7 @@ class FlightLeaderEndpoint:
         self.client = fl.FlightClient(location)
         self.grpc_endpoint = grpc_endpoint
 
-    def fetch(self, request: M.FetchRequest, timeout_s: float) -> list[M.FetchPartitionResult]:
+    def fetch(self, request: M.FetchRequest, timeout_s: float) -> M.FetchResponse:
         fl = self._fl
         try:
             results = self.client.do_action(fl.Action(self.ACTION, fetch_request_pb(request).SerializeToString()),

@@ -179,6 +179,22 @@ class FetchRequest:
     max_bytes: int = 0                 # 0: 64 MiB
     replica_epoch: int = -1
     columns: tuple[str, ...] | None = None   # a consumer's projection
+    # A follower's fetch session (KIP-227, ``fetch_session.py``): ``session_epoch`` None:
+    # no session; 0: a full fetch opening one (closing ``session_id`` if set); -1: a full
+    # fetch closing ``session_id``; N > 0: an incremental fetch, ``partitions`` only those
+    # changed since the last one, ``forgotten`` those to drop.
+    session_id: int = 0
+    session_epoch: int | None = None
+    forgotten: tuple[TP, ...] = ()
+
+
+@dataclass
+class FetchResponse:
+    """A follower fetch's answer: ``error`` refuses the whole request (a session the
+    leader does not hold, a wrong session epoch); ``session_id`` 0: no session."""
+    partitions: list = field(default_factory=list)   # FetchPartitionResult
+    session_id: int = 0
+    error: ReplikafkaError | None = None
 
 
 @dataclass

@@ -55,6 +55,10 @@ class LeaderOffsets:
     hw_known: bool
 
 
+def _no_news(tp) -> None:
+    pass
+
+
 class Partition:
     def __init__(self, topic: str, partition: int, broker_id: int, log, clock, hw: int = 0):
         self.topic = topic
@@ -65,6 +69,10 @@ class Partition:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.role = NONE
+        self._tp = (topic, partition)
+        # Told this partition's tp whenever its LEO, HW, role or epoch moves as a leader sees
+        # it (the replica manager's ChangeJournal: fetch sessions read only what moved).
+        self.on_news = _no_news
         self.leader_id = -1
         self.leader_epoch = -1
         self.controller_epoch = -1
@@ -95,7 +103,12 @@ class Partition:
 
     @property
     def tp(self) -> tuple[str, int]:
-        return (self.topic, self.partition)
+        return self._tp
+
+    def _news(self) -> None:
+        """The LEO, HW, role or epoch moved (under ``lock``): wake the waiters, tell the journal."""
+        self.cond.notify_all()
+        self.on_news(self._tp)
 
     # The facts, read from their one owner (``state``).
     @property
@@ -136,7 +149,7 @@ class Partition:
                     return True  # older than the ISR we wrote ourselves since: keep ours
                 st.on_replicas_changed(tuple(replicas), now)
                 st.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
-                self.cond.notify_all()
+                self._news()
                 return True
             leo = self.log.log_end_offset
             self.log.leader_epoch_cache.assign(leader_epoch, leo)
@@ -145,7 +158,7 @@ class Partition:
             self.state = LeaderState(self.broker_id, leader_epoch, tuple(replicas), tuple(isr), zk_version,
                                      hw=min(self.hw, leo), epoch_start_offset=leo, now_ms=now)
             self.state.maybe_advance_hw(leo)
-            self.cond.notify_all()
+            self._news()
             return True
 
     def make_follower(self, leader: int, leader_epoch: int, isr, replicas, zk_version: int,
@@ -161,14 +174,14 @@ class Partition:
             self.role, self.leader_id, self.leader_epoch = FOLLOWER, leader, leader_epoch
             self._hand_over(replicas, isr, zk_version)
             self.controller_epoch = controller_epoch
-            self.cond.notify_all()
+            self._news()
             return leader >= 0
 
     def stop(self) -> None:
         with self.lock:
             self.role = NONE
             self._hand_over(self.replicas, self.isr, self.zk_version)
-            self.cond.notify_all()
+            self._news()
 
     def check_epoch(self, current_leader_epoch: int) -> None:
         """KIP-320 fencing of a request carrying the caller's view of the epoch."""
@@ -212,7 +225,7 @@ class Partition:
                 self.producers.update(producer_id, producer_epoch, base_sequence, count, info.first_offset,
                                       self.clock.time_ms())
             st.maybe_advance_hw(self.log.log_end_offset)
-            self.cond.notify_all()
+            self._news()
             return ProduceResult(info.first_offset, info.last_offset, count)
 
     def committed(self, offset_exclusive: int, min_insync: int) -> bool:
@@ -274,9 +287,10 @@ class Partition:
                     return
                 self.cond.wait(left)
 
-    def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, current_leader_epoch: int
-                          ) -> ReplicaRead:
-        """A follower's fetch: records its LEO (may move the HW), returns raw batches."""
+    def read_for_follower(self, replica_id: int, offset: int, max_bytes: int, current_leader_epoch: int,
+                          session=None) -> ReplicaRead:
+        """A follower's fetch (in fetch ``session``, if any): records its LEO (may move
+        the HW), returns raw batches."""
         with self.lock:
             st = self._require_leader()
             self.check_epoch(current_leader_epoch)
@@ -284,10 +298,10 @@ class Partition:
             if offset > leo or offset < lso:
                 raise E.OffsetOutOfRangeError(
                     f"{self.topic}-{self.partition}: follower offset {offset} is outside [{lso}, {leo}]")
-            if st.on_follower_fetch(replica_id, offset, leo, self.clock.time_ms()):
+            if st.on_follower_fetch(replica_id, offset, leo, self.clock.time_ms(), session):
                 log.debug("%s-%d: follower %d fetched at %d (epoch %d): HW -> %d", self.topic, self.partition,
                           replica_id, offset, current_leader_epoch, st.hw)
-                self.cond.notify_all()
+                self._news()
             hw = st.hw
         raw = self.log.read_raw(offset, max_bytes) if offset < leo else None
         return ReplicaRead(raw, hw, leo, lso)
@@ -347,7 +361,7 @@ class Partition:
                 st.pending_isr = None
                 return
             st.on_isr_committed(tuple(isr), zk_version, self.log.log_end_offset)
-            self.cond.notify_all()
+            self._news()
 
     # ------------------------------------------------------------ follower
     def append_as_follower(self, raw, leader_hw: int, expected_epoch: int) -> int:

@@ -11,7 +11,11 @@ Rules (seed 000 §3-§7, with what Kafka learnt later):
 * a follower is caught up when its fetch offset reached the leader's LEO; it
   falls out of the ISR when it has not been caught up for ``lag_time_ms_max``;
 * an out-of-sync follower re-enters the ISR once its LEO reaches the HW and the
-  start of the current leader epoch (Kafka's rule: the HW cannot go backwards).
+  start of the current leader epoch (Kafka's rule: the HW cannot go backwards);
+* a follower fetching in a session (``fetch_session.py``) whose partition has nothing
+  new is not read at all: found caught up by a read of that session, it stays caught up
+  as of the session's latest fetch until read again (``ReplicaProgress.parked_in``), so
+  it looks no more lagging than if it had been read every round.
 """
 from __future__ import annotations
 
@@ -36,6 +40,16 @@ class ReplicaProgress:
     last_caught_up_ms: int = 0
     last_fetch_ms: int = 0
     last_fetch_leader_leo: int = -1  # the leader's LEO when the previous fetch was answered
+    # The fetch session (anything with ``last_fetch_ms``) whose read last found this
+    # follower caught up, while no read since: each of its fetches since then counts
+    # as a fetch at the leader's LEO (it left the partition unread: nothing had moved).
+    parked_in: object = None
+
+    def caught_up_ms(self) -> int:
+        parked = self.parked_in
+        if parked is not None and parked.last_fetch_ms > self.last_caught_up_ms:
+            return parked.last_fetch_ms
+        return self.last_caught_up_ms
 
 
 @dataclass
@@ -58,11 +72,21 @@ class LeaderState:
                 self.progress[r] = ReplicaProgress(last_caught_up_ms=self.now_ms, last_fetch_ms=self.now_ms)
 
     # ---------------------------------------------------------------- events
-    def on_follower_fetch(self, replica: int, fetch_offset: int, leader_leo: int, now_ms: int) -> bool:
-        """A follower fetched at ``fetch_offset``. Returns True when the HW advanced."""
+    def on_follower_fetch(self, replica: int, fetch_offset: int, leader_leo: int, now_ms: int,
+                          session=None) -> bool:
+        """A follower fetched at ``fetch_offset`` (in ``session``, if it fetches in one).
+        Returns True when the HW advanced."""
         p = self.progress.get(replica)
         if p is None:
             return False  # not a replica of this partition (stale assignment): ignore
+        parked = p.parked_in
+        if parked is not None:   # the session's fetches since the last read: fetches at our LEO then
+            t = parked.last_fetch_ms
+            if t > p.last_fetch_ms:
+                p.last_fetch_ms = t
+            if t > p.last_caught_up_ms:
+                p.last_caught_up_ms = t
+        p.parked_in = session if fetch_offset >= leader_leo else None
         if fetch_offset >= leader_leo:
             p.last_caught_up_ms = now_ms
         elif fetch_offset >= p.last_fetch_leader_leo >= 0:
@@ -101,7 +125,7 @@ class LeaderState:
             return None
         out = [r for r in self.isr if r != self.broker_id
                and self.progress[r].leo < leader_leo
-               and now_ms - self.progress[r].last_caught_up_ms > lag_time_ms_max]
+               and now_ms - self.progress[r].caught_up_ms() > lag_time_ms_max]
         if not out:
             return None
         return tuple(r for r in self.isr if r not in out)
@@ -133,6 +157,7 @@ class LeaderState:
             # Forget what a removed follower had: only a fresh fetch may bring it back.
             if r in self.progress:
                 self.progress[r].leo = -1
+                self.progress[r].parked_in = None
         self.isr = tuple(isr)
         self.zk_version = zk_version
         self.pending_isr = None

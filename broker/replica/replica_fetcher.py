@@ -5,6 +5,12 @@ and OffsetsForLeaderEpoch), so tests can script a leader. ``do_work()`` is one
 round: truncate partitions that just became followers (by leader epoch,
 KIP-101/279), then one long-polling Fetch for the rest, append what came back
 verbatim, learn the HW.
+
+The fetches run in an incremental fetch session (KIP-227, ``fetch_session.py``):
+the first names every partition, later ones only those whose fetch fields may
+have changed (``_dirty``: added, truncated, answered, delayed or back) and differ
+from what the leader's session holds; a lost answer or a refused session makes
+the next fetch full again.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from typing import Protocol
 
 from replikafka import errors as E
 from replikafka.broker.replica import messages as M
+from replikafka.broker.replica.fetch_session import FetchSessionHandler
 from replikafka.broker.replica.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
 
 log = logging.getLogger("replikafka.fetcher")
@@ -25,8 +32,9 @@ TRUNCATION_ROUNDS_MAX = 16
 class LeaderEndpoint(Protocol):
     """A follower's way to its leader, in plain data (the gRPC one, with the follower
     wire codec, is ``broker/replica_rpc.py``'s). A call that cannot reach the leader
-    raises a :class:`replikafka.errors.ReplikafkaError`."""
-    def fetch(self, request: M.FetchRequest, timeout_s: float) -> list[M.FetchPartitionResult]: ...
+    raises a :class:`replikafka.errors.ReplikafkaError`. ``fetch`` may answer a plain
+    list of results: a fetch without a session."""
+    def fetch(self, request: M.FetchRequest, timeout_s: float) -> M.FetchResponse: ...
     def offsets_for_leader_epoch(self, replica_id: int, queries: list[M.EpochQuery],
                                  timeout_s: float) -> list[M.EpochEndOffset]: ...
     def close(self) -> None: ...
@@ -63,6 +71,11 @@ class ReplicaFetcher:
         self.timeout_s = request_timeout_s
         self.lock = threading.Lock()
         self.states: dict[tuple[str, int], FetchState] = {}
+        # The fetch session (touched by this fetcher's round only), and the partitions
+        # whose fetch entry may have changed since the last fetch (under ``lock``).
+        self.session = FetchSessionHandler()
+        self._dirty: set = set()
+        self._delayed: dict = {}                 # tp -> time.monotonic() it may fetch again
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -73,6 +86,8 @@ class ReplicaFetcher:
         with self.lock:
             for tp, leader_epoch in epochs.items():
                 self.states[tp] = FetchState(leader_epoch)
+                self._delayed.pop(tp, None)
+            self._dirty.update(epochs)
 
     def remove(self, tp) -> None:
         self.remove_many([tp])
@@ -80,7 +95,9 @@ class ReplicaFetcher:
     def remove_many(self, tps) -> None:
         with self.lock:
             for tp in tps:
-                self.states.pop(tp, None)
+                if self.states.pop(tp, None) is not None:
+                    self._dirty.add(tp)
+                self._delayed.pop(tp, None)
 
     def partition_count(self) -> int:
         with self.lock:
@@ -114,17 +131,24 @@ class ReplicaFetcher:
         should pause ``replica.fetch.backoff.ms`` (nothing to fetch, or every
         partition failed); an empty long poll is not a failure: fetch again at once."""
         with self.lock:
-            snapshot = dict(self.states)
-        if not snapshot:
-            return False
-        truncating = {tp: s for tp, s in snapshot.items() if s.truncating}
+            if not self.states:
+                return False
+            truncating = {tp: s for tp, s in self.states.items() if s.truncating}
         if truncating:
             self._truncate(truncating)
         now = time.monotonic()
-        ready = {tp: s for tp, s in snapshot.items() if not s.truncating and s.delayed_until_s <= now}
-        if not ready:
-            return bool(truncating)
-        return self._fetch(ready)
+        with self.lock:
+            for tp in [tp for tp, until in self._delayed.items() if until <= now]:
+                del self._delayed[tp]
+                self._dirty.add(tp)
+            if self.session.full_next:
+                candidates = dict(self.states)
+                self._dirty = set()
+            else:
+                candidates = {tp: self.states.get(tp) for tp in self._dirty}
+                self._dirty = set()
+            delayed = set(self._delayed)
+        return self._fetch(candidates, delayed, bool(truncating))
 
     def _truncate(self, states: dict) -> None:
         """Ask the leader where our latest epoch ends; walk back while it names an
@@ -171,45 +195,71 @@ class ReplicaFetcher:
                     s = self.states.get(tp)
                     if s is not None and s.leader_epoch == states[tp].leader_epoch:
                         s.truncating = False
+                        self._dirty.add(tp)
             asks = next_asks
 
-    def _fetch(self, states: dict) -> bool:
-        parts = []
-        for tp, s in states.items():
-            part = self.lookup(tp)
+    def _fetch(self, candidates: dict, delayed: set, truncated: bool) -> bool:
+        """One fetch in the session: ``candidates`` (tp -> FetchState, None if removed)
+        are every partition for a full fetch, else those that may have changed."""
+        entries: dict = {}
+        dropped = []
+        for tp, s in candidates.items():
+            part = None if s is None or s.truncating or tp in delayed else self.lookup(tp)
             if part is None:
+                dropped.append(tp)
                 continue
-            cache = part.log.leader_epoch_cache
-            parts.append(M.FetchPartition(tp[0], tp[1], part.log.log_end_offset, s.leader_epoch, self.max_bytes,
-                                          cache.latest_epoch, part.hw))
-        if not parts:
-            return False
-        req = M.FetchRequest(self.broker_id, tuple(parts), max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
-                             max_bytes=self.response_max_bytes, replica_epoch=self.broker_epoch())
-        results = self.endpoint.fetch(req, self.timeout_s + self.max_wait_ms / 1000.0)
+            entries[tp] = M.FetchPartition(tp[0], tp[1], part.log.log_end_offset, s.leader_epoch, self.max_bytes,
+                                           part.log.leader_epoch_cache.latest_epoch, part.hw)
+        session = self.session
+        if not entries and (session.full_next or not (session.sent or dropped)):
+            return truncated
+        parts, forgotten, session_id, session_epoch = session.request(entries, dropped)
+        req = M.FetchRequest(self.broker_id, parts, max_wait_ms=self.max_wait_ms, min_bytes=self.min_bytes,
+                             max_bytes=self.response_max_bytes, replica_epoch=self.broker_epoch(),
+                             session_id=session_id, session_epoch=session_epoch, forgotten=forgotten)
+        try:
+            answer = self.endpoint.fetch(req, self.timeout_s + self.max_wait_ms / 1000.0)
+        except BaseException:
+            session.on_failure()     # the leader's session may have moved on: the next fetch is full
+            raise
+        if isinstance(answer, list):   # a leader without sessions
+            answer = M.FetchResponse(answer)
+        session.on_answer(answer.session_id, answer.error)
+        if answer.error is not None:
+            log.info("follower %d: fetch from leader %d refused (%s): the next fetch names every partition",
+                     self.broker_id, self.leader_id, answer.error)
+            return True
+        results = answer.partitions
+        sent = session.sent
+        touched = []
         failed = 0
         for r in results:
             tp = (r.topic, r.partition)
             part = self.lookup(tp)
-            s = states.get(tp)
-            if part is None or s is None:
-                continue
+            fp = entries.get(tp) or sent.get(tp)
+            s = self.states.get(tp)
+            if part is None or fp is None or s is None or s.leader_epoch != fp.current_leader_epoch:
+                continue    # no longer fetched (or in another epoch: already marked changed)
+            touched.append(tp)
             failed += r.error is not None
             if isinstance(r.error, E.OffsetOutOfRangeError):
                 if part.log.log_end_offset < r.log_start_offset:
-                    part.reset_to(r.log_start_offset, s.leader_epoch)
+                    part.reset_to(r.log_start_offset, fp.current_leader_epoch)
                 else:
                     with self.lock:
-                        if tp in self.states:
-                            self.states[tp].truncating = True
+                        if self.states.get(tp) is s:
+                            s.truncating = True
                 continue
             if r.error is not None:
                 # FENCED/UNKNOWN epoch, NOT_LEADER: wait for the controller's next LeaderAndIsr.
                 continue
             if self._isolated(tp, part.append_as_follower, r.records if r.record_count else None,
-                              r.high_watermark, s.leader_epoch) is None:
+                              r.high_watermark, fp.current_leader_epoch) is None:
                 failed += 1
             s.leader_log_end = r.log_end_offset
+        if touched:
+            with self.lock:
+                self._dirty.update(touched)
         # The leader leaves out the partitions it has no news for (ReplicaManager.fetch):
         # an answer naming none is a long poll that ended with nothing new.
         return not results or failed < len(results)
@@ -229,6 +279,8 @@ class ReplicaFetcher:
                 st = self.states.get(tp)
                 if st is not None:
                     st.delayed_until_s = time.monotonic() + max(self.backoff_s, 0.05)
+                    self._delayed[tp] = st.delayed_until_s
+                    self._dirty.add(tp)
             return None
 
 

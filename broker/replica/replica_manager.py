@@ -20,6 +20,7 @@ from replikafka import errors as E
 from replikafka import records as R
 from replikafka.broker import state_change_log
 from replikafka.broker.metrics import ReplicaStats
+from replikafka.broker.replica import fetch_session as FS
 from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.partition import LEADER, Partition
 from replikafka.broker.storage.log import clip_stored
@@ -91,6 +92,13 @@ class ReplicaManager:
         # notification failed): sent again with the next pass's, as Kafka keeps its
         # isrChangeSet until propagated, so no metadata cache keeps a stale ISR. Under ``lock``.
         self._isr_changes_unannounced: set[TP] = set()
+        # Followers' incremental fetch sessions (KIP-227, fetch_session.py), under
+        # ``_sessions_lock``; every partition tells ``change_journal`` when it moves.
+        self.fetch_sessions = FS.FetchSessionCache(
+            config.get("max.incremental.fetch.session.cache.slots") if config is not None else 1000)
+        self.change_journal = FS.ChangeJournal()
+        self._journal_append = self.change_journal.append   # (one bound method: compared by identity)
+        self._sessions_lock = threading.Lock()
 
     # ------------------------------------------------------------ lookups
     def get(self, tp: TP) -> Partition | None:
@@ -237,6 +245,7 @@ class ReplicaManager:
                 parsed = self._schemas[schema] = R.schema_from_bytes(schema)
             log_ = self.logs.get_or_create(tp[0], tp[1], parsed, config, topic_id)
             part = Partition(tp[0], tp[1], self.broker_id, log_, self.clock, hw=self.logs.checkpointed_hw(tp))
+            part.on_news = self._journal_append
             self.partitions[tp] = part
             return part
 
@@ -425,7 +434,99 @@ class ReplicaManager:
                 if self.data_version == seen:
                     self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
 
-    def _fetch_once(self, req: M.FetchRequest) -> tuple[list[M.FetchPartitionResult], int, bool]:
+    def follower_fetch(self, req: M.FetchRequest, context_active=lambda: True) -> M.FetchResponse:
+        """A follower's Fetch, in a fetch session when it asks for one (KIP-227,
+        ``fetch_session.py``): a full fetch (session epoch 0) opens one, an incremental
+        fetch names only what changed and reads only the partitions named, those that
+        moved here since its last fetch (``change_journal``) and those that answered an
+        error; a session not held or a wrong epoch refuses the whole fetch."""
+        if req.session_epoch is None or req.replica_id < 0:
+            return M.FetchResponse(self.fetch(req, context_active))
+        now = self.clock.time_ms()
+        full = req.session_epoch in (FS.INITIAL_EPOCH, FS.FINAL_EPOCH)
+        with self._sessions_lock:
+            cache = self.fetch_sessions
+            if full:
+                if req.session_id != FS.INVALID_SESSION_ID:
+                    cache.remove(req.session_id)
+                session = None
+                if req.session_epoch == FS.INITIAL_EPOCH and self._follower_fetch_error(req) is None:
+                    session = cache.new_session(req.replica_id, req.replica_epoch,
+                                                {(fp.topic, fp.partition): fp for fp in req.partitions}, now,
+                                                self.change_journal.position())
+            else:
+                try:
+                    session = cache.resume(req.session_id, req.session_epoch, req.replica_id, req.replica_epoch, now)
+                    session.update(req.partitions, req.forgotten)
+                except (E.FetchSessionIdNotFoundError, E.InvalidFetchSessionEpochError) as exc:
+                    refused = exc
+                    session = None
+        if session is not None:
+            return M.FetchResponse(self._session_fetch(req, session, full, now, context_active), session.id)
+        if full:   # without a session (none asked for, no slot, or a follower not in its epoch)
+            return M.FetchResponse(self.fetch(req, context_active))
+        log.info("follower %d's fetch refused: %s", req.replica_id, refused)
+        return M.FetchResponse(error=refused)
+
+    def _session_fetch(self, req: M.FetchRequest, session, full: bool, now: int,
+                       context_active) -> list[M.FetchPartitionResult]:
+        """``fetch``'s long poll over a session: each pass reads only what may have news
+        (a full fetch's first pass: everything), then the session's ``last_fetch_ms``
+        becomes the pass's start: partitions it found caught up and left unread since
+        are caught up as of then (ReplicaProgress.parked_in)."""
+        max_wait_ms = max(0, min(req.max_wait_ms, 30_000))
+        deadline = now + max_wait_ms
+        min_bytes = max(req.min_bytes, 0)
+        journal = self.change_journal
+        held = session.partitions
+        # Read before the journal: an append journalled after this pass looked wakes it at once.
+        seen = self.data_version
+        if full:
+            todo = list(held)
+            position = session.journal_position
+        else:
+            moved, position = journal.since(session.journal_position)
+            todo = set(held) if moved is None else self._in_session(moved, held)
+            todo.update((fp.topic, fp.partition) for fp in req.partitions)
+            todo.update(session.retry)
+        answered: dict[TP, M.FetchPartitionResult] = {}
+        total, any_error = 0, False
+        started = now
+        while True:
+            parts = [held[tp] for tp in todo if tp in held]
+            out, size, error = self._fetch_once(req, parts, session)
+            if started > session.last_fetch_ms:
+                session.last_fetch_ms = started
+            for r in out:
+                answered[(r.topic, r.partition)] = r
+            total += size
+            any_error = any_error or error
+            left = deadline - self.clock.time_ms()
+            if total >= max(min_bytes, 1) or any_error or left <= 0 or not context_active():
+                break
+            with self.data_arrived:
+                if self.data_version == seen:
+                    self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
+            seen = self.data_version
+            started = self.clock.time_ms()
+            moved, position = journal.since(position)
+            todo = set(held) if moved is None else self._in_session(moved, held)
+        with self._sessions_lock:
+            session.journal_position = position
+            session.retry = {tp for tp, r in answered.items() if r.error is not None}
+            sessions = self.fetch_sessions.sessions
+            journal.trim(min((s.journal_position for s in sessions.values()), default=position))
+        return list(answered.values())
+
+    @staticmethod
+    def _in_session(moved: set, held: dict) -> set:
+        if len(moved) <= len(held):
+            return {tp for tp in moved if tp in held}
+        return {tp for tp in held if tp in moved}
+
+    def _fetch_once(self, req: M.FetchRequest, parts=None, session=None
+                    ) -> tuple[list[M.FetchPartitionResult], int, bool]:
+        """One read of ``parts`` (default: the request's partitions), as ``fetch`` answers them."""
         out: list[M.FetchPartitionResult] = []
         total = 0
         any_error = False
@@ -434,7 +535,7 @@ class ReplicaManager:
         columns = list(req.columns) if req.columns else None
         follower_error = self._follower_fetch_error(req) if req.replica_id >= 0 else None
         rejoining: list[Partition] = []
-        for fp in req.partitions:
+        for fp in (req.partitions if parts is None else parts):
             r = M.FetchPartitionResult(fp.topic, fp.partition)
             out.append(r)
             size = 0
@@ -445,9 +546,12 @@ class ReplicaManager:
                 if req.replica_id >= 0 or req.replica_id == DEBUGGING_REPLICA_ID:
                     if req.replica_id >= 0:
                         self._check_follower_of(part, req.replica_id, follower_error)
+                        if session is not None and part.on_news is not self._journal_append:
+                            # (a partition put in the map by hand): moves from now on are journalled
+                            part.on_news = self._journal_append
                         hw_before = part.hw
                         read = part.read_for_follower(req.replica_id, fp.fetch_offset, max_bytes,
-                                                      fp.current_leader_epoch)
+                                                      fp.current_leader_epoch, session)
                         hw_moved = hw_moved or read.high_watermark > hw_before
                         if req.replica_id not in part.isr:   # it may be back: the next ISR pass looks
                             rejoining.append(part)

@@ -99,6 +99,18 @@ class CorruptRecordError(RetriableError):
     code = "CORRUPT_MESSAGE"
 
 
+class FetchSessionIdNotFoundError(RetriableError):
+    """An incremental fetch named a fetch session the leader does not hold (evicted,
+    closed, or the leader restarted): the follower starts over with a full fetch (KIP-227)."""
+    code = "FETCH_SESSION_ID_NOT_FOUND"
+
+
+class InvalidFetchSessionEpochError(RetriableError):
+    """An incremental fetch's session epoch is not the one the leader expects (a lost
+    or repeated request): the follower starts over with a full fetch (KIP-227)."""
+    code = "INVALID_FETCH_SESSION_EPOCH"
+
+
 # ---- not retriable ---------------------------------------------------------
 class OffsetOutOfRangeError(ReplikafkaError):
     """The requested offset is below the log start offset or beyond the log end offset."""

@@ -124,8 +124,15 @@ class SimLeaderEndpoint:
             raise E.BrokerNotAvailableError(str(exc)) from None
 
     def fetch(self, request, timeout_s):
+        sim = self.sim
+
         def handle(target):   # through the RPC layer and the follower wire codec, as over gRPC
+            if request.session_epoch and sim.session_rng.random() < 0.02 * sim.session_fault_rate:
+                sim.session_faults["twice"] += 1      # delivered twice, the first answer lost
+                replica_rpc.follower_fetch(target.rm, replica_rpc.fetch_request_pb(request))
             answer = replica_rpc.follower_fetch(target.rm, replica_rpc.fetch_request_pb(request))
+            sim.session_faults["incremental"] += bool(request.session_epoch and request.session_epoch > 0)
+            sim.session_faults["refused"] += answer[0].HasField("error")
             return replica_rpc.follower_fetch_results(replica_fetch_codec.decode(replica_fetch_codec.encode(answer)))
         return self._call_leader(handle)
 
@@ -219,6 +226,8 @@ class SimBroker:
             response_max_bytes=cfg.get("replica.fetch.response.max.bytes"), backoff_ms=0,
             request_timeout_s=1.0, broker_epoch=lambda: self.broker_epoch)
         self.rm = ReplicaManager(self.broker_id, cfg, self.logs, self.store, self.metadata, self.fetchers, sim.clock)
+        self.rm.fetch_sessions.rng = random.Random(sim.session_rng.random())   # session ids: seeded too
+        self.rm.fetch_sessions.max_slots = sim.session_slots
         self.broker_epoch = self.store.register_broker(self.broker_id, "sim", self.broker_id)
         self.rm.registered_epoch = self.broker_epoch
         self.controller = Controller(self.broker_id, self.store, clock=lambda: sim.clock.time_ms() / 1000.0,
@@ -328,7 +337,7 @@ def values_of(log_, start: int, end: int) -> list[bytes]:
 # ---------------------------------------------------------------- the simulation
 class Simulation:
     def __init__(self, seed: int, root: str, *, brokers: int = 3, partitions: int = 2, rf: int = 3,
-                 break_with=None):
+                 break_with=None, session_faults: bool = True):
         self.seed = seed
         self.rng = random.Random(seed)
         self.root = root
@@ -346,6 +355,15 @@ class Simulation:
         # first) draw from their own generator: the main one, and so every run
         # without a cascade, is as before.
         self.cascade_rng = random.Random(seed * 1_000_003 + 1)
+        # Fetch sessions (KIP-227) draw from theirs too: how many a leader keeps, when it
+        # forgets them all (as a restart or evictions would), when a fetch arrives twice
+        # (the first answer lost on the way: the second finds the session's epoch moved on).
+        # ``session_faults`` False: none of these (the seeds some tests replay were found
+        # before them, and these faults change their runs).
+        self.session_rng = random.Random(seed * 1_000_003 + 2)
+        self.session_fault_rate = 1.0 if session_faults else 0.0
+        self.session_slots = self.session_rng.choice([1, 2, 1000]) if session_faults else 1000
+        self.session_faults = {"forgotten": 0, "twice": 0, "incremental": 0, "refused": 0}
         self.cascade: tuple[tuple[str, int], int, int, int] | None = None   # (partition, first zombie, new
         #                                                                     leader or -1, step it fires or gives up)
         self.partitions = partitions
@@ -721,6 +739,14 @@ class Simulation:
         if faults and self.cascade is not None:
             self.cascade_fault()
         self.recover()
+        if self.session_rng.random() < 0.01 * self.session_fault_rate:
+            b = self.session_rng.choice(sorted(self.brokers))
+            if self.brokers[b].up:
+                self.note(f"broker {b} forgets its fetch sessions")
+                self.session_faults["forgotten"] += 1
+                cache = self.brokers[b].rm.fetch_sessions
+                for sid in list(cache.sessions):
+                    cache.remove(sid)
         self.random_action()
         self.complete_produces()
         self.checker.check()

@@ -28,7 +28,7 @@ def test_a_demotion_without_a_fetcher_never_converges(monkeypatch):
     monkeypatch.setattr(replica_manager.ReplicaManager, "_demote_zombie", demote_without_fetcher)
     for seed in NO_FETCHER_DEMOTION_SEEDS:
         with pytest.raises(InvariantViolation, match="liveness"):
-            run_seed(seed)
+            run_seed(seed, session_faults=False)
 
 
 def test_truncation_to_the_high_watermark_loses_acknowledged_records(monkeypatch):
@@ -50,7 +50,7 @@ def test_truncation_to_the_high_watermark_loses_acknowledged_records(monkeypatch
     monkeypatch.setattr(partition.Partition, "make_follower", make_follower_truncating_to_hw)
     for seed in HW_TRUNCATION_SEEDS:
         with pytest.raises(InvariantViolation, match="I1: acknowledged"):
-            run_seed(seed)
+            run_seed(seed, session_faults=False)
 
 
 def test_without_the_documented_loss_model_the_crashed_last_leader_fails_i1(monkeypatch):
@@ -59,7 +59,7 @@ def test_without_the_documented_loss_model_the_crashed_last_leader_fails_i1(monk
     are acknowledged records missing from the leader."""
     monkeypatch.setattr(InvariantChecker, "documented_loss", lambda self, tp, state, part: None)
     with pytest.raises(InvariantViolation, match=r"I1: acknowledged \('sim', 0\) offset \d+ .* is not on the leader 1"):
-        run_seed(1372)
+        run_seed(1372, session_faults=False)
 
 
 def test_the_documented_loss_model_does_not_excuse_an_offline_isr_that_keeps_every_member(monkeypatch):
@@ -76,4 +76,4 @@ def test_the_documented_loss_model_does_not_excuse_an_offline_isr_that_keeps_eve
         return election
     monkeypatch.setattr(controller_decisions, "elect_leader", offline_keeps_the_whole_isr)
     with pytest.raises(InvariantViolation, match="I1: acknowledged"):
-        run_seed(9976)
+        run_seed(9976, session_faults=False)

@@ -159,6 +159,14 @@ def test_replica_manager_gauges_read_the_partitions_at_scrape_time(tmp_path):
     assert s["kafka_server_replicamanager_underminisrpartitioncount"][()] == 1
     assert s["kafka_server_replicamanager_produceridcount"][()] == 1
     assert s["kafka_server_replicamanager_replicamaxlag"][()] == 4
+    assert s["kafka_server_fetchsessioncache_numincrementalfetchsessions"][()] == 0
+    rm.fetch_sessions.max_slots = 1
+    rm.fetch_sessions.new_session(2, 20, {led.tp: None}, T0, 0)
+    rm.fetch_sessions.new_session(3, 30, {led.tp: None, followed.tp: None}, T0, 0)   # evicts 2's
+    s = samples(m.registry)
+    assert s["kafka_server_fetchsessioncache_numincrementalfetchsessions"][()] == 1
+    assert s["kafka_server_fetchsessioncache_numincrementalfetchpartitionscached"][()] == 2
+    assert s["kafka_server_fetchsessioncache_incrementalfetchsessionevictions_total"][()] == 1
     assert s["kafka_log_log_logendoffset"][(("partition", "0"), ("topic", "t"))] == 7
     assert s["kafka_log_log_numlogsegments"][(("partition", "0"), ("topic", "t"))] == 1
     assert s["kafka_log_log_size"][(("partition", "0"), ("topic", "t"))] > 0

@@ -380,7 +380,8 @@ def test_fetcher_do_work_truncates_by_leader_epoch_then_fetches(tmp_path):
     assert fetcher.do_work() is True
     assert endpoint.requests == [("epochs", 2, [M.EpochQuery("t", 0, 1, 2)]),
                                  ("fetch", M.FetchRequest(2, (M.FetchPartition("t", 0, 5, 2, 1 << 20, 1, 0),),
-                                                          max_bytes=1 << 20, min_bytes=1, replica_epoch=20))]
+                                                          max_bytes=1 << 20, min_bytes=1, replica_epoch=20,
+                                                          session_epoch=0))]   # a full fetch opening a session
     assert (follower_log.log_end_offset, fetcher.states[TP].truncating) == (8, False)
     assert (follower.hw, leader.hw) == (5, 5)                 # the fetch at 5 acknowledged [0, 5)
     assert fetcher.do_work() is True                          # the fetch at 8 acknowledges the rest
