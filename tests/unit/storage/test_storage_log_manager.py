@@ -225,6 +225,17 @@ def test_high_watermark_checkpoint_round_trip(tmp_path):
     lm.close()
 
 
+def test_a_checkpoint_file_is_kafkas_text_sorted_and_refuses_a_topic_name_it_cannot_hold(tmp_path):
+    f = OffsetCheckpointFile(str(tmp_path / "replication-offset-checkpoint"))
+    f.write({("b", 10): 7, ("a", 2): 0, ("b", 9): 12345678901})
+    assert (tmp_path / "replication-offset-checkpoint").read_bytes() == b"0\n3\na 2 0\nb 9 12345678901\nb 10 7\n"
+    assert f.read() == {("a", 2): 0, ("b", 9): 12345678901, ("b", 10): 7}
+    for name in ("a b", "", "tab\there"):
+        with pytest.raises(ValueError, match="cannot be checkpointed"):
+            f.write({("ok", 0): 1, (name, 0): 1, ("ok", 1): 2})
+    assert f.read() == {("a", 2): 0, ("b", 9): 12345678901, ("b", 10): 7}, "a refused write leaves the file"
+
+
 def test_do_work_applies_retention_roll_flush_and_checkpoints(tmp_path):
     clock = ManualClock(T0)
     config = LogConfig(segment_bytes=2048, segment_ms=10_000, retention_ms=60_000,
