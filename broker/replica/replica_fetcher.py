@@ -76,6 +76,9 @@ class ReplicaFetcher:
         self.session = FetchSessionHandler()
         self._dirty: set = set()
         self._delayed: dict = {}                 # tp -> time.monotonic() it may fetch again
+        # The partitions that may be truncating (added, or out of range since): each round
+        # looks at these, not at every partition (under ``lock``).
+        self._maybe_truncating: set = set()
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
 
@@ -88,6 +91,7 @@ class ReplicaFetcher:
                 self.states[tp] = FetchState(leader_epoch)
                 self._delayed.pop(tp, None)
             self._dirty.update(epochs)
+            self._maybe_truncating.update(epochs)
 
     def remove(self, tp) -> None:
         self.remove_many([tp])
@@ -133,7 +137,12 @@ class ReplicaFetcher:
         with self.lock:
             if not self.states:
                 return False
-            truncating = {tp: s for tp, s in self.states.items() if s.truncating}
+            truncating = {}
+            for tp in self._maybe_truncating:
+                s = self.states.get(tp)
+                if s is not None and s.truncating:
+                    truncating[tp] = s
+            self._maybe_truncating = set(truncating)
         if truncating:
             self._truncate(truncating)
         now = time.monotonic()
@@ -249,6 +258,7 @@ class ReplicaFetcher:
                     with self.lock:
                         if self.states.get(tp) is s:
                             s.truncating = True
+                            self._maybe_truncating.add(tp)
                 continue
             if r.error is not None:
                 # FENCED/UNKNOWN epoch, NOT_LEADER: wait for the controller's next LeaderAndIsr.

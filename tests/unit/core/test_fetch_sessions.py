@@ -290,3 +290,19 @@ def test_a_lost_answer_makes_the_next_fetch_full_and_closes_the_session(tmp_path
     assert (leader.requests[-1].session_id, leader.requests[-1].session_epoch) == (sid, 0)
     assert sid not in rm.fetch_sessions.sessions and len(rm.fetch_sessions) == 1
     assert followers[TPS[0]].log.log_end_offset == 4
+
+
+def test_a_partition_out_of_range_truncates_again_and_is_forgotten_meanwhile(tmp_path):
+    clock = ManualClock(T0)
+    rm, followers, leader, fetcher = follower_setup(tmp_path, clock)
+    followers[TPS[0]].log.append([batch(2)], leader_epoch=3)     # records the leader does not have
+    asked = []
+    leader.offsets_for_leader_epoch = lambda replica_id, queries, timeout_s: asked.append(queries) or []
+    fetcher.do_work()                                            # full: t-0 at 2 is out of range
+    assert [r.error.code for r in leader.answers[-1].partitions] == ["OFFSET_OUT_OF_RANGE"]
+    assert fetcher.states[TPS[0]].truncating
+    fetcher.do_work()
+    assert [(q.topic, q.partition) for q in asked[-1]] == [TPS[0]]    # truncates by epoch again
+    assert leader.requests[-1].forgotten == (TPS[0],)           # and leaves the session meanwhile
+    fetcher.do_work()
+    assert len(asked) == 2 and leader.requests[-1].forgotten == ()
