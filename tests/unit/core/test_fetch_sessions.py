@@ -15,9 +15,8 @@ from replikafka.broker.replica import fetch_session as FS
 from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.partition import Partition
 from replikafka.broker.replica.partition_state import LeaderState
-from replikafka.broker.replica.replica_fetcher import ReplicaFetcher
 from replikafka.broker.storage import ManualClock
-from test_follower_fetch_news import T0, TPS, batch, leader_manager, replica
+from test_follower_fetch_news import T0, TPS, batch, follower_fetcher, leader_manager
 
 
 def fp(tp, offset=0, epoch=3, hw=0):
@@ -223,17 +222,8 @@ class SessionLeader:
 
 def follower_setup(tmp_path, clock):
     rm = leader_manager(tmp_path, clock)
-    followers = {}
-    for tp in TPS:
-        part = replica(tmp_path, 2, tp, clock)
-        part.make_follower(1, 3, isr=[1, 2], replicas=[1, 2], zk_version=0, controller_epoch=1)
-        followers[tp] = part
     leader = SessionLeader(rm)
-    fetcher = ReplicaFetcher(2, 1, leader, followers.get, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
-                             backoff_ms=60_000, request_timeout_s=1.0, broker_epoch=lambda: 200)
-    fetcher.add_many({tp: 3 for tp in TPS})
-    for s in fetcher.states.values():
-        s.truncating = False
+    followers, fetcher = follower_fetcher(tmp_path, clock, leader)
     return rm, followers, leader, fetcher
 
 

@@ -86,20 +86,27 @@ def test_the_leader_answers_a_follower_only_for_partitions_with_news(tmp_path):
         [(0, "FENCED_LEADER_EPOCH"), (1, "FENCED_LEADER_EPOCH"), (2, "FENCED_LEADER_EPOCH")]
 
 
-def test_a_follower_round_applies_only_the_news_and_an_empty_answer_is_no_failure(tmp_path):
-    clock = ManualClock(T0)
-    rm = leader_manager(tmp_path, clock)
+def follower_fetcher(tmp_path, clock, leader) -> tuple[dict, ReplicaFetcher]:
+    """Broker 2's replicas of TPS, following broker 1 in epoch 3, and its fetcher from
+    ``leader`` (a LeaderEndpoint), past truncation: (replicas by tp, fetcher)."""
     followers = {}
     for tp in TPS:
         part = replica(tmp_path, 2, tp, clock)
         part.make_follower(1, 3, isr=[1, 2], replicas=[1, 2], zk_version=0, controller_epoch=1)
         followers[tp] = part
-    leader = Leader(rm)
     fetcher = ReplicaFetcher(2, 1, leader, followers.get, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
                              backoff_ms=60_000, request_timeout_s=1.0, broker_epoch=lambda: 200)
     fetcher.add_many({tp: 3 for tp in TPS})
     for s in fetcher.states.values():
         s.truncating = False
+    return followers, fetcher
+
+
+def test_a_follower_round_applies_only_the_news_and_an_empty_answer_is_no_failure(tmp_path):
+    clock = ManualClock(T0)
+    rm = leader_manager(tmp_path, clock)
+    leader = Leader(rm)
+    followers, fetcher = follower_fetcher(tmp_path, clock, leader)
     rm.partitions[("t", 1)].append_as_leader([batch(5)], acks=1, min_insync=1)
     assert fetcher.do_work() is True                           # t-1's records
     assert fetcher.do_work() is True                           # t-1's HW, moved by that fetch
