@@ -205,8 +205,11 @@ def test_preferred_replica_election_restores_the_preferred_leaders(cluster_facto
     rc, out = run_cli(capsys, "preferred-replica-election", "--zookeeper", cluster.zookeeper_connect,
                       "--path-to-json-file", str(only))
     assert rc == 0 and "1 of 1 partitions are led by their preferred replica" in out, out
+    # The command reads the leaders from ZooKeeper; the brokers' metadata caches, which
+    # describe reads, learn them from the controller's UpdateMetadata a moment later.
+    wait_until(lambda: leaders(admin, "pref")[0][0] == before[0][1], 10, what="partition 0's preferred leader "
+               "in the metadata")
     after_one = leaders(admin, "pref")
-    assert after_one[0][0] == after_one[0][1]
     assert {p: v for p, v in after_one.items() if p != 0} == {p: v for p, v in before.items() if p != 0}
     # All, in rounds: the command splits a list one znode cannot hold (a limit of about
     # two partitions' entries here stands for jute.maxbuffer's 1 MiB against ~27,000).
@@ -215,7 +218,8 @@ def test_preferred_replica_election_restores_the_preferred_leaders(cluster_facto
     assert rc == 0 and "6 of 6 partitions" in out, out
     rounds = re.findall(r"Started preferred replica election for (\d+) partitions \(round (\d+) of (\d+)", out)
     assert len(rounds) >= 2 and sum(int(n) for n, _, _ in rounds) == 6, out
-    assert all(l == pref for l, pref in leaders(admin, "pref").values())
+    wait_until(lambda: all(l == pref for l, pref in leaders(admin, "pref").values()), 10,
+               what="every preferred leader in the metadata")
     log = prod.stop()
     assert not log.errors, f"produce failed: {log.errors[:3]}"
     check_no_acked_loss_and_replicas_agree(cluster, "pref", 6, log.acked)
