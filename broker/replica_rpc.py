@@ -165,12 +165,10 @@ def fetch_response(results: list[M.FetchPartitionResult]) -> pb.FetchResponse:
     return out
 
 
-def follower_fetch_response(answer: M.FetchResponse | list) -> tuple[pb.FetchResponse, list]:
-    """A follower's Fetch answer (or its partitions' results alone) in the
-    ``replica_fetch_codec`` format: the header (each partition's ``records_size``, the
-    session id, a whole-fetch error) and the stored batches, to be joined by its ``encode``."""
-    if isinstance(answer, list):
-        answer = M.FetchResponse(answer)
+def follower_fetch_response(answer: M.FetchResponse) -> tuple[pb.FetchResponse, list]:
+    """A follower's Fetch answer in the ``replica_fetch_codec`` format: the header (each
+    partition's ``records_size``, the session id, a whole-fetch error) and the stored
+    batches, to be joined by its ``encode``."""
     out = pb.FetchResponse(session_id=answer.session_id)
     if answer.error is not None:
         out.error.CopyFrom(to_pb(answer.error))

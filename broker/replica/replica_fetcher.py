@@ -32,8 +32,7 @@ TRUNCATION_ROUNDS_MAX = 16
 class LeaderEndpoint(Protocol):
     """A follower's way to its leader, in plain data (the gRPC one, with the follower
     wire codec, is ``broker/replica_rpc.py``'s). A call that cannot reach the leader
-    raises a :class:`replikafka.errors.ReplikafkaError`. ``fetch`` may answer a plain
-    list of results: a fetch without a session."""
+    raises a :class:`replikafka.errors.ReplikafkaError`."""
     def fetch(self, request: M.FetchRequest, timeout_s: float) -> M.FetchResponse: ...
     def offsets_for_leader_epoch(self, replica_id: int, queries: list[M.EpochQuery],
                                  timeout_s: float) -> list[M.EpochEndOffset]: ...
@@ -231,8 +230,6 @@ class ReplicaFetcher:
         except BaseException:
             session.on_failure()     # the leader's session may have moved on: the next fetch is full
             raise
-        if isinstance(answer, list):   # a leader without sessions
-            answer = M.FetchResponse(answer)
         session.on_answer(answer.session_id, answer.error)
         if answer.error is not None:
             log.info("follower %d: fetch from leader %d refused (%s): the next fetch names every partition",

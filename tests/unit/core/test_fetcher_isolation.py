@@ -39,7 +39,7 @@ class ScriptedLeader:
             leo = self.logs[tp].log_end_offset
             out.append(M.FetchPartitionResult(p.topic, p.partition, None, leo, leo, 0, bytes(data), raw.first_offset,
                                               raw.record_count))
-        return out
+        return M.FetchResponse(out)
 
     def offsets_for_leader_epoch(self, replica_id, queries, timeout_s):
         return []

@@ -2,12 +2,13 @@
 thousands of partitions), one fetcher per leader, idle fetchers stopped."""
 from __future__ import annotations
 
+from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.replica_fetcher import ReplicaFetcherManager
 
 
 class IdleLeader:
     def fetch(self, request, timeout_s):
-        return []
+        return M.FetchResponse()
 
     def offsets_for_leader_epoch(self, replica_id, queries, timeout_s):
         return []

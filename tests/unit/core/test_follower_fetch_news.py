@@ -50,7 +50,7 @@ class Leader:
     def fetch(self, request, timeout_s):
         out = self.rm.fetch(request)
         self.answers.append(sorted((r.topic, r.partition) for r in out))
-        return out
+        return M.FetchResponse(out)
 
     def offsets_for_leader_epoch(self, replica_id, queries, timeout_s):
         return []

@@ -350,7 +350,7 @@ class ScriptedLeader:
             out.append(M.FetchPartitionResult(p.topic, p.partition, None, read.high_watermark, read.log_end_offset,
                                               read.log_start_offset, raw.data if raw and raw.record_count else None,
                                               raw.first_offset if raw else 0, raw.record_count if raw else 0))
-        return out
+        return M.FetchResponse(out)
 
     def close(self):
         pass
@@ -415,7 +415,7 @@ def test_a_follower_behind_the_leaders_log_start_starts_over_there(broker, tmp_p
     class Leader(ScriptedLeader):   # answers through the real ReplicaManager
         def fetch(self, request, timeout_s):
             self.requests.append(("fetch", request))
-            return broker.rm.fetch(request)
+            return M.FetchResponse(broker.rm.fetch(request))
 
     follower = Partition("t", 0, 2, Log.open(str(tmp_path / "follower" / "t-0"), LogConfig(), SCHEMA,
                                              clock=broker.clock), broker.clock)
