@@ -104,6 +104,12 @@ def child(args) -> None:
     # outlasted the default 30 s and the passes found every follower behind).
     cfg = BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "unused:1", "log.dirs": tmp,
                                   "replica.lag.time.max.ms": 3_600_000})
+    # The process settings a broker starts with (the collector's threshold above all: with
+    # Python's default, young collections inside each big request promote its objects and
+    # full ones walk every object held); code from before tune_process had none.
+    from replikafka.broker import server as broker_server
+    if hasattr(broker_server, "tune_process"):
+        broker_server.tune_process(cfg)
     logs = LogManager([tmp], log_config_for_topic(cfg, {}), clock=SYSTEM_CLOCK)
     metadata = MetadataCache()
     metadata.broker_epochs = {1: 10, 2: 20, 3: 30}
@@ -265,7 +271,8 @@ def main() -> None:
     for r in range(args.rounds):
         for root in roots:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--partitions", str(args.partitions),
-                   "--gil-load", str(args.gil_load)] \
+                   "--gil-load", str(args.gil_load), "--switch-interval-ms", str(args.switch_interval_ms),
+                   "--profile-pause", str(args.profile_pause)] \
                 + (["--root", root] if root else []) + (["--dir", args.dir] if args.dir else [])
             load = os.getloadavg()[0]
             res = subprocess.run(cmd, capture_output=True, text=True)

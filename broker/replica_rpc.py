@@ -86,23 +86,37 @@ def handle_update_metadata(rm, metadata, req: M.UpdateMetadataRequest, deletable
 
 
 # ---------------------------------------------------------------- produce
-def produce_partition(d: pb.PartitionProduceData) -> M.ProducePartition:
-    """One partition entry: its records checked against the producer's CRC-32C and
-    decoded (zero-copy) here; a refusal travels as ``decode_error``."""
-    records = d.records   # each read of a protobuf bytes field is a copy: read it once
-    where = f"{d.topic}-{d.partition}"
-    pid = d.producer_id if d.producer_id > 0 else -1   # ids start at 1: 0 is protobuf's "unset"
-    epoch, sequence = (d.producer_epoch, d.base_sequence) if pid > 0 else (-1, -1)
-    try:
-        _schema, batches = R.decode_produced(records, d.records_crc32c if d.HasField("records_crc32c") else None,
-                                             where)
-    except E.ReplikafkaError as exc:
-        return M.ProducePartition(d.topic, d.partition, (), len(records), pid, epoch, sequence, decode_error=exc)
-    return M.ProducePartition(d.topic, d.partition, tuple(batches), len(records), pid, epoch, sequence)
-
-
 def produce_request(req: pb.ProduceRequest) -> M.ProduceRequest:
-    return M.ProduceRequest(req.acks, req.timeout_ms, tuple(produce_partition(d) for d in req.partitions))
+    """Each partition entry's records checked against the producer's CRC-32C and
+    decoded (zero-copy), then every entry's batches validated together
+    (``records.validate_untrusted_many``: one Arrow call per schema, not one per
+    partition); an entry's refusal travels as its ``decode_error``."""
+    entries = []        # (partition data, producer id, epoch, sequence, records size, decoded or error)
+    decoded = []        # (where, schema, batches) of the entries decoded, for the validation
+    for d in req.partitions:
+        records = d.records   # each read of a protobuf bytes field is a copy: read it once
+        where = f"{d.topic}-{d.partition}"
+        pid = d.producer_id if d.producer_id > 0 else -1   # ids start at 1: 0 is protobuf's "unset"
+        epoch, sequence = (d.producer_epoch, d.base_sequence) if pid > 0 else (-1, -1)
+        try:
+            schema, batches = R.decode_produced(
+                records, d.records_crc32c if d.HasField("records_crc32c") else None, where, validate=False)
+        except E.ReplikafkaError as exc:
+            entries.append((d, pid, epoch, sequence, len(records), exc))
+            continue
+        entries.append((d, pid, epoch, sequence, len(records), len(decoded)))
+        decoded.append((where, schema, batches))
+    invalid = R.validate_untrusted_many(decoded)
+    partitions = []
+    for d, pid, epoch, sequence, size, outcome in entries:
+        if isinstance(outcome, int) and outcome not in invalid:
+            partitions.append(M.ProducePartition(d.topic, d.partition, tuple(decoded[outcome][2]), size, pid,
+                                                 epoch, sequence))
+        else:
+            error = invalid[outcome] if isinstance(outcome, int) else outcome
+            partitions.append(M.ProducePartition(d.topic, d.partition, (), size, pid, epoch, sequence,
+                                                 decode_error=error))
+    return M.ProduceRequest(req.acks, req.timeout_ms, tuple(partitions))
 
 
 def produce_response(results: list[M.ProducePartitionResult]) -> pb.ProduceResponse:

@@ -526,6 +526,11 @@ class BatchEncoder:
         compute (`msg.seal(msg.body_crc())`), e.g. to size-check first."""
         out = []
         for batch, header in items:
+            if _buffer_bytes(batch) <= SMALL_BATCH_MAX_BYTES:
+                msg = _encode_small(batch, header, self._placeholder)
+                if msg is not None:
+                    out.append(msg.seal(msg.body_crc()) if seal else msg)
+                    continue
             with self._lock:
                 if self._writer is None:
                     self._start()
@@ -543,6 +548,95 @@ class BatchEncoder:
             msg = _split(pieces, header)
             out.append(msg.seal(msg.body_crc()) if seal else msg)
         return out
+
+
+# A batch this small (its buffers' bytes) is encoded by `_encode_small`: one copy of
+# its data costs less than the stream writer's GIL hand-offs (below).
+SMALL_BATCH_MAX_BYTES = 64 * 1024
+_I16 = struct.Struct("<h").unpack_from
+
+
+def _buffer_bytes(batch: pa.RecordBatch) -> int:
+    """The sizes of the buffers `batch` references, added up (whole buffers: a slice
+    counts its parents'), with calls that keep the GIL (``RecordBatch.nbytes`` gives
+    it up)."""
+    return sum(b.size for column in batch.columns for b in column.buffers() if b is not None)
+# The Message table `_encode_small` writes: its vtable (size 14, table size 24, field
+# offsets of version, header_type, header, bodyLength, custom_metadata), then the
+# table (soffset to that vtable, bodyLength, header, custom_metadata, version,
+# header_type, padding); and the one vtable of its KeyValue tables (key, value).
+_MESSAGE_VTABLE = struct.pack("<7H", 14, 24, 20, 22, 12, 4, 16)
+_MESSAGE_TABLE = struct.Struct("<iqIIhBx")
+_KEY_VALUE_VTABLE = struct.pack("<4H", 8, 12, 4, 8)
+_KEY_VALUE_TABLE = struct.Struct("<iII")
+
+
+def _encode_small(batch: pa.RecordBatch, header: BatchHeader, crc_text: str) -> EncodedMessage | None:
+    """An unsealed message of `batch` (the same bytes a reader sees as the stream
+    writer's: the same body, the same RecordBatch header, the header's custom
+    metadata), built from Arrow's own serialisation of the batch and a Message
+    flatbuffer written here; None if that serialisation is not the plain message
+    expected (the stream writer then encodes it).
+
+    Why: the stream writer gives the GIL up and takes it back for each batch (and
+    for each write into the Python sink), and beside a busy broker's other threads
+    each take-back waits for their switch interval, ~1 ms with one thread running
+    Python. A Produce naming thousands of partitions (the retries after a failover)
+    encodes thousands of small batches; ``RecordBatch.serialize`` keeps the GIL.
+
+    The metadata is a new Message table (its vtable, the custom_metadata vector,
+    its KeyValue tables and strings) followed, 8-byte aligned, by Arrow's metadata
+    verbatim: the new table's ``header`` field points into it at the RecordBatch
+    table (flatbuffer offsets are relative, so that table reads the same at its
+    new place); Arrow's own Message table there is not referenced any more."""
+    ser = batch.serialize()
+    view = memoryview(ser)
+    try:
+        marker, meta_len = _PREFIX.unpack_from(view, 0)
+        meta = view[PREFIX_SIZE:PREFIX_SIZE + meta_len].tobytes()
+        f = _fb_fields(meta, _U32(meta, 0)[0]) + (0, 0, 0, 0, 0)
+        if (marker != CONTINUATION or meta_len % 8 or not (f[0] and f[1] and f[2] and f[3]) or f[4]
+                or meta[f[1]] != _MESSAGE_HEADER_RECORD_BATCH):
+            return None
+        version = _I16(meta, f[0])[0]
+        record_batch = f[2] + _U32(meta, f[2])[0]
+        body_length = _I64(meta, f[3])[0]
+    except (_Malformed, struct.error):
+        return None
+    body_start = PREFIX_SIZE + meta_len
+    if body_start + body_length != ser.size:
+        return None
+    kv = [(k.encode(), v.encode()) for k, v in header.metadata(crc_text).items()]
+    table = 20                                   # 4 (root offset) + 14 (vtable), 4-aligned; bodyLength at 24
+    vector = table + _MESSAGE_TABLE.size         # 44
+    kv_vtable = vector + 4 + 4 * len(kv)
+    kv_tables = kv_vtable + len(_KEY_VALUE_VTABLE)
+    strings = kv_tables + _KEY_VALUE_TABLE.size * len(kv)
+    string_parts, positions, pos = [], [], strings
+    for text in (t for pair in kv for t in pair):
+        positions.append(pos)
+        padded = (len(text) + 1 + 3) & ~3        # length prefix, bytes, NUL, to 4 bytes
+        string_parts.append(struct.pack("<I", len(text)) + text + b"\0" * (padded - len(text)))
+        pos += 4 + padded
+    arrow_at = (pos + 7) & ~7
+    parts = [struct.pack("<I", table), _MESSAGE_VTABLE, b"\0\0",
+             _MESSAGE_TABLE.pack(table - 4, body_length, arrow_at + record_batch - (table + 12),
+                                 vector - (table + 16), version, _MESSAGE_HEADER_RECORD_BATCH),
+             struct.pack(f"<{len(kv) + 1}I", len(kv),
+                         *(kv_tables + _KEY_VALUE_TABLE.size * i - (vector + 4 + 4 * i) for i in range(len(kv)))),
+             _KEY_VALUE_VTABLE]
+    for i in range(len(kv)):
+        at = kv_tables + _KEY_VALUE_TABLE.size * i
+        parts.append(_KEY_VALUE_TABLE.pack(at - kv_vtable, positions[2 * i] - (at + 4),
+                                           positions[2 * i + 1] - (at + 8)))
+    parts += string_parts
+    parts.append(b"\0" * (arrow_at - pos))
+    parts.append(meta)
+    new_meta = b"".join(parts)
+    head = _PREFIX.pack(CONTINUATION, len(new_meta)) + new_meta
+    crc_at = head.find(CRC_PLACEHOLDER)
+    return EncodedMessage(header, (head,), (ser.slice(body_start),),
+                          len(head) + body_length, (0, crc_at), False)
 
 
 _shared_encoders: "weakref.WeakValueDictionary[bytes, BatchEncoder]" = weakref.WeakValueDictionary()

@@ -270,3 +270,66 @@ def test_the_header_fast_path_reads_damaged_metadata_as_the_general_reader_does(
             if got != want:
                 differing.append((at, value, got, want))
     assert differing == []
+
+
+def _batches_of_every_shape() -> list[pa.RecordBatch]:
+    """Batches the small-batch encoding must write as the stream writer does: nulls,
+    empty and non-ASCII strings, nested lists and structs, a slice, one row, all null."""
+    nested = pa.schema([("id", pa.int64()), ("name", pa.string()),
+                        ("tags", pa.list_(pa.struct([("k", pa.string()), ("v", pa.binary())]))),
+                        ("score", pa.float64()), ("timestamp", TS)])
+    rows = [{"id": i, "name": None if i % 4 == 0 else ("é" * (i % 3)), "score": i / 3,
+             "tags": None if i % 5 == 0 else [{"k": f"t{j}", "v": None if j else b""} for j in range(i % 3)],
+             "timestamp": T0 + i} for i in range(23)]
+    full = pa.RecordBatch.from_pylist(rows, schema=nested)
+    all_null = pa.record_batch([pa.nulls(4, pa.binary()), pa.nulls(4, pa.binary()),
+                                pa.array([T0] * 4, pa.int64()).view(TS)], schema=SCHEMA)
+    return [make_batch(10, 5), make_batch(0, 1), make_batch(0, 40).slice(7, 9), all_null,
+            full, full.slice(3, 11), full.slice(22, 1)]
+
+
+@pytest.mark.parametrize("batch", _batches_of_every_shape(), ids=lambda b: f"{b.num_columns}cols-{b.num_rows}rows")
+def test_small_batches_are_encoded_as_the_stream_writer_encodes_them(batch, monkeypatch):
+    """The small-batch encoding (Arrow's serialisation plus a Message flatbuffer of
+    ours) stores what the stream writer would: the same body bytes (so the same
+    CRC, which a Flight producer computes with either), a header every reader of
+    stored batches reads the same (our flatbuffer reader, Arrow's message reader,
+    Arrow's stream reader with its custom metadata), and the same records."""
+    h = header(100, batch.num_rows, max_ts=bf.max_timestamp_ms(batch), producer_id=5, producer_epoch=1,
+               base_sequence=9)
+    small = bf._encode_small(batch, h, bf.CRC_PLACEHOLDER.decode())
+    assert small is not None
+    small = small.seal(small.body_crc())
+    monkeypatch.setattr(bf, "SMALL_BATCH_MAX_BYTES", -1)        # every batch through the writer
+    written = bf.BatchEncoder(batch.schema).encode([(batch, h)])[0]
+    assert b"".join(bytes(p) for p in small.body) == b"".join(bytes(p) for p in written.body)
+    assert small.header == written.header and small.header.crc32c == crc32c.crc32c(
+        b"".join(bytes(p) for p in small.body))
+    for msg in (small, written):
+        data = msg.to_bytes()
+        assert len(data) == msg.size and bf.CRC_PLACEHOLDER not in data
+        decoded = bf.decode_batch(pa.py_buffer(data), 0, len(data), batch.schema, expected_base_offset=100)
+        assert decoded.header == written.header and decoded.batch.equals(batch) and decoded.size == msg.size
+        assert bf.read_trusted(pa.py_buffer(data), 0, len(data), batch.schema)[0].equals(batch)
+        reader = pa.ipc.open_stream(bf.schema_message(batch.schema) + data + bf.END_OF_STREAM)
+        read, meta = reader.read_next_batch_with_custom_metadata()
+        assert read.equals(batch) and int(meta[b"rk.crc32c"], 16) == written.header.crc32c
+        assert {k.decode(): v.decode() for k, v in meta.items()} == written.header.metadata(
+            "%08x" % written.header.crc32c)
+
+
+def test_the_encoder_writes_small_batches_itself_and_large_ones_with_the_stream_writer(monkeypatch):
+    """A batch over SMALL_BATCH_MAX_BYTES goes through the stream writer (its data is not
+    copied there); smaller ones through the small-batch encoding; both decode."""
+    calls = []
+    real = bf._encode_small
+    monkeypatch.setattr(bf, "_encode_small", lambda *a: calls.append(a[0].num_rows) or real(*a))
+    big = pa.record_batch([pa.nulls(2, pa.binary()), pa.array([b"x" * bf.SMALL_BATCH_MAX_BYTES, b"y"]),
+                           pa.array([T0, T0], pa.int64()).view(TS)], schema=SCHEMA)
+    msgs = bf.BatchEncoder(SCHEMA).encode([(make_batch(0, 3), header(0, 3)), (big, header(3, 2, max_ts=T0))])
+    assert calls == [3]
+    buf = stream_of(*msgs)
+    pos = len(bf.schema_message(SCHEMA))
+    for msg, batch in zip(msgs, (make_batch(0, 3), big)):
+        assert bf.decode_batch(buf, pos, buf.size, SCHEMA).batch.equals(batch)
+        pos += msg.size
