@@ -664,6 +664,8 @@ class Log:
         descriptors and mapping (they reopen on the next use). True if it did."""
         if now_ms - self._last_used_ms < idle_ms:
             return False
+        if not self._registered and not any(seg.holds_resources for seg in self._segments):
+            return False    # given back already, nothing opened since: no lock (a pass looks at every log)
         with self._lock:
             return self._release_locked()
 

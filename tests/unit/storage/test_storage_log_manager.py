@@ -225,6 +225,19 @@ def test_high_watermark_checkpoint_round_trip(tmp_path):
     lm.close()
 
 
+def test_high_watermark_checkpoint_of_one_dir(tmp_path):
+    """One log dir: the replica manager's dict is written as it is when every partition
+    in it has a log here, and without the others when not."""
+    lm = manager([tmp_path / "a"])
+    for p in range(3):
+        lm.get_or_create_log("t", p, SCHEMA)
+    lm.checkpoint_high_watermarks({("t", 0): 10, ("t", 1): 20, ("t", 2): 30})
+    assert lm.read_high_watermarks() == {("t", 0): 10, ("t", 1): 20, ("t", 2): 30}
+    lm.checkpoint_high_watermarks({("t", 0): 11, ("t", 2): 31, ("gone", 0): 5})
+    assert lm.read_high_watermarks() == {("t", 0): 11, ("t", 2): 31}
+    lm.close()
+
+
 def test_a_checkpoint_file_is_kafkas_text_sorted_and_refuses_a_topic_name_it_cannot_hold(tmp_path):
     f = OffsetCheckpointFile(str(tmp_path / "replication-offset-checkpoint"))
     f.write({("b", 10): 7, ("a", 2): 0, ("b", 9): 12345678901})
@@ -356,6 +369,28 @@ def test_descriptors_and_mappings_follow_use_not_partition_count(tmp_path):
     lm = manager([tmp_path], clock=clock)
     assert _open_files_under(tmp_path) == set()          # loading holds nothing either
     assert read_values(lm.get_log("t", 3))[-1] == b"value-34"
+    lm.close()
+
+
+def test_a_pass_skips_logs_given_back_already_but_not_one_holding_a_file_again(tmp_path, monkeypatch):
+    """Each maintenance pass looks at every log (50,000 of them each second): one that
+    gave its files and maps back and opened none since is passed over without its lock;
+    one holding a descriptor again, even one its use did not count, gives it back."""
+    clock = ManualClock(T0)
+    lm = manager([tmp_path], clock=clock, idle_release_ms=1000)
+    logs = [lm.get_or_create_log("t", p, SCHEMA) for p in range(5)]
+    for lg in logs:
+        fill(lg, 1)
+    clock.advance(1000)
+    assert lm.do_work()["released"] == 5
+    locked = []
+    real = type(logs[0])._release_locked
+    monkeypatch.setattr(type(logs[0]), "_release_locked", lambda self: locked.append(self) or real(self))
+    clock.advance(5000)
+    assert lm.do_work()["released"] == 0 and locked == []
+    logs[2]._segments[-1]._open_for_append()         # a descriptor opened outside an append or read
+    assert lm.do_work()["released"] == 1 and locked == [logs[2]]
+    assert _open_files_under(tmp_path) == set()
     lm.close()
 
 
