@@ -7,6 +7,7 @@ manager only records what it is asked (no fetches run), ZooKeeper is not used.
 Each round, in a fresh child process:
 
 * take-up: one LeaderAndIsr of all N partitions, leaders 1, 2, 3 in turn (epoch 0);
+  take-up-again: the same request again, as a controller resends one it timed out on;
   then every log's files and mappings are released as idle (the broker does so after
   ``log.idle.release.ms``, 60 s, long before a failover at this size);
 * failover: broker 3 died: one LeaderAndIsr of its N/3 partitions, half led by
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,6 +154,9 @@ def child(args) -> None:
 
     take_up = lai([(p, 1 + p % 3, 0, [1, 2, 3]) for p in range(n)], 1)
     timed("take-up", lambda: replica_rpc.leader_and_isr(rm, metadata, pb.LeaderAndIsrRequest.FromString(take_up)))
+    # The same request again, as a controller resends one it timed out waiting for.
+    timed("take-up-again", lambda: replica_rpc.leader_and_isr(rm, metadata,
+                                                              pb.LeaderAndIsrRequest.FromString(take_up)))
     now = SYSTEM_CLOCK.time_ms()
     for p in range(n):
         logs.get_log(TOPIC, p).release_if_idle(now + 1, 0)
@@ -250,6 +255,8 @@ def child(args) -> None:
     out["fetch"] = (len(led), len(followed))
     print("RESULT " + json.dumps(out), flush=True)
     logs.close()
+    # Each round made N log dirs and left them: a few dozen rounds had filled /tmp with 29 GB.
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
