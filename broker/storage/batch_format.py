@@ -501,8 +501,9 @@ class BatchEncoder:
     copied). Sealing computes the CRC-32C over the body pieces and replaces the
     8-character placeholder in the metadata piece by the hex CRC. The column
     data is then copied once, by the kernel, when the pieces are written, as
-    when pyarrow writes a file itself. Thread-safe: the writer is used under a
-    lock, the CRCs are computed outside it. The logs of one schema share one
+    when pyarrow writes a file itself. A batch of at most SMALL_BATCH_MAX_BYTES is
+    encoded without the writer (`_encode_small`: its data copied once, the GIL kept).
+    Thread-safe: the writer is used under a lock, the CRCs are computed outside it. The logs of one schema share one
     encoder (:func:`shared_encoder`).
     """
 
@@ -561,6 +562,8 @@ def _buffer_bytes(batch: pa.RecordBatch) -> int:
     counts its parents'), with calls that keep the GIL (``RecordBatch.nbytes`` gives
     it up)."""
     return sum(b.size for column in batch.columns for b in column.buffers() if b is not None)
+
+
 # The Message table `_encode_small` writes: its vtable (size 14, table size 24, field
 # offsets of version, header_type, header, bodyLength, custom_metadata), then the
 # table (soffset to that vtable, bodyLength, header, custom_metadata, version,
