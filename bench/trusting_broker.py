@@ -2,7 +2,8 @@
 named ``trusted-*``; every other topic is validated as by any broker. Skipped:
 
 - gRPC Produce: the payload's CRC-32C check, the one-stream check and Arrow's full
-  validation (``records.decode_produced`` is a plain zero-copy ``decode_stream``);
+  validation (``records.decode_produced`` is a plain zero-copy ``decode_stream``, and
+  ``records.validate_untrusted_many`` leaves those entries out);
 - Flight DoPut: Arrow's full validation (``records.validate_untrusted_batches``);
   its CRC check stays, as it compares the CRC the log computes to store the batch
   anyway.
@@ -22,12 +23,19 @@ from replikafka import records
 TRUSTED_PREFIX = "trusted-"
 _validating_decode = records.decode_produced
 _validating_check = records.validate_untrusted_batches
+_validating_check_many = records.validate_untrusted_many
 
 
-def _decode(data, crc32c_sent, where):
+def _decode(data, crc32c_sent, where, validate=True):
     if where.startswith(TRUSTED_PREFIX):      # where: "<topic>-<partition>"
         return records.decode_stream(data)
-    return _validating_decode(data, crc32c_sent, where)
+    return _validating_decode(data, crc32c_sent, where, validate)
+
+
+def _check_many(entries):
+    checked = [i for i, (where, _schema, _batches) in enumerate(entries) if not where.startswith(TRUSTED_PREFIX)]
+    errors = _validating_check_many([entries[i] for i in checked])
+    return {checked[j]: exc for j, exc in errors.items()}
 
 
 def _check(batches, where):
@@ -37,6 +45,7 @@ def _check(batches, where):
 
 records.decode_produced = _decode
 records.validate_untrusted_batches = _check
+records.validate_untrusted_many = _check_many
 
 if __name__ == "__main__":
     from replikafka.cli.main import main
