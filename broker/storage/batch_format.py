@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replikafka.errors import CorruptRecordError
+from replikafka.errors import CorruptRecordError, InvalidSchemaError
 
 CONTINUATION = 0xFFFFFFFF
 PREFIX_SIZE = 8
@@ -514,6 +514,9 @@ class BatchEncoder:
         self._writer = None
         self._schema_pending = False
         self._placeholder = CRC_PLACEHOLDER.decode()
+        # A dictionary column's dictionary is a message of its own, beside the one message
+        # a stored batch is (topics refuse such columns: records.validate_topic_schema).
+        self._plain = "dictionary<" not in str(schema)
         self._lock = threading.Lock()
 
     def _start(self) -> None:
@@ -525,6 +528,9 @@ class BatchEncoder:
                seal: bool = True) -> list[EncodedMessage]:
         """One message per (batch, header). With seal=False the CRCs are left to
         compute (`msg.seal(msg.body_crc())`), e.g. to size-check first."""
+        if not self._plain:
+            raise InvalidSchemaError(f"batches of schema {self._schema} cannot be stored: dictionary-encoded "
+                                     f"columns are not supported (a stored batch is one IPC message)")
         out = []
         for batch, header in items:
             if _buffer_bytes(batch) <= SMALL_BATCH_MAX_BYTES:

@@ -89,6 +89,11 @@ def validate_topic_schema(schema: pa.Schema) -> pa.Schema:
         if pa.types.is_large_binary(f.type) or pa.types.is_large_string(f.type) or pa.types.is_large_list(f.type):
             raise InvalidSchemaError(
                 f"column {f.name!r} has type {f.type}: large_* types are not supported (Spark reads binary/string/list)")
+        if "dictionary<" in str(f.type):
+            # A stored batch is one IPC message: a dictionary would need messages of its own.
+            raise InvalidSchemaError(
+                f"column {f.name!r} has type {f.type}: dictionary-encoded columns are not supported "
+                f"(give the value type; a producer's dictionary arrays must be decoded first)")
     return schema
 
 

@@ -46,6 +46,19 @@ def test_large_types_are_refused_because_spark_reads_plain_ones():
         R.parse_schema(pa.schema([("v", pa.large_binary())]))
 
 
+@pytest.mark.parametrize("column", [pa.dictionary(pa.int8(), pa.string()),
+                                    pa.list_(pa.dictionary(pa.int32(), pa.binary())),
+                                    pa.struct([("k", pa.dictionary(pa.int8(), pa.string()))])])
+def test_dictionary_columns_are_refused_because_a_stored_batch_is_one_message(column):
+    """A stored batch is one IPC record-batch message; a dictionary column would need a
+    dictionary message beside it, so a topic may not have one (a small batch would be
+    stored without its dictionary and could not be read back)."""
+    with pytest.raises(InvalidSchemaError, match="dictionary-encoded columns are not supported"):
+        R.parse_schema(pa.schema([("v", column)]))
+    with pytest.raises(InvalidSchemaError, match="dictionary-encoded"):
+        R.parse_schema(pa.schema([("v", column)]).serialize().to_pybytes())
+
+
 @pytest.mark.parametrize("name", ["", ".", "..", "a b", "x" * 250, "bad/name"])
 def test_illegal_topic_names(name):
     with pytest.raises(InvalidTopicError):
