@@ -91,31 +91,29 @@ def produce_request(req: pb.ProduceRequest) -> M.ProduceRequest:
     decoded (zero-copy), then every entry's batches validated together
     (``records.validate_untrusted_many``: one Arrow call per schema, not one per
     partition); an entry's refusal travels as its ``decode_error``."""
-    entries = []        # (partition data, producer id, epoch, sequence, records size, decoded or error)
-    decoded = []        # (where, schema, batches) of the entries decoded, for the validation
-    for d in req.partitions:
+    errors: dict[int, E.ReplikafkaError] = {}   # by entry
+    decoded, decoded_entry = [], []              # (where, schema, batches) for the validation, and their entry
+    sizes = []                                   # each entry's records on the wire (byte-rate metrics)
+    for i, d in enumerate(req.partitions):
         records = d.records   # each read of a protobuf bytes field is a copy: read it once
+        sizes.append(len(records))
         where = f"{d.topic}-{d.partition}"
+        try:
+            decoded.append((where, *R.decode_produced(
+                records, d.records_crc32c if d.HasField("records_crc32c") else None, where, validate=False)))
+            decoded_entry.append(i)
+        except E.ReplikafkaError as exc:
+            errors[i] = exc
+    batches = {i: tuple(decoded[j][2]) for j, i in enumerate(decoded_entry)}
+    for j, exc in R.validate_untrusted_many(decoded).items():
+        errors[decoded_entry[j]] = exc
+    partitions = []
+    for i, d in enumerate(req.partitions):
         pid = d.producer_id if d.producer_id > 0 else -1   # ids start at 1: 0 is protobuf's "unset"
         epoch, sequence = (d.producer_epoch, d.base_sequence) if pid > 0 else (-1, -1)
-        try:
-            schema, batches = R.decode_produced(
-                records, d.records_crc32c if d.HasField("records_crc32c") else None, where, validate=False)
-        except E.ReplikafkaError as exc:
-            entries.append((d, pid, epoch, sequence, len(records), exc))
-            continue
-        entries.append((d, pid, epoch, sequence, len(records), len(decoded)))
-        decoded.append((where, schema, batches))
-    invalid = R.validate_untrusted_many(decoded)
-    partitions = []
-    for d, pid, epoch, sequence, size, outcome in entries:
-        if isinstance(outcome, int) and outcome not in invalid:
-            partitions.append(M.ProducePartition(d.topic, d.partition, tuple(decoded[outcome][2]), size, pid,
-                                                 epoch, sequence))
-        else:
-            error = invalid[outcome] if isinstance(outcome, int) else outcome
-            partitions.append(M.ProducePartition(d.topic, d.partition, (), size, pid, epoch, sequence,
-                                                 decode_error=error))
+        error = errors.get(i)
+        partitions.append(M.ProducePartition(d.topic, d.partition, () if error is not None else batches[i],
+                                             sizes[i], pid, epoch, sequence, decode_error=error))
     return M.ProduceRequest(req.acks, req.timeout_ms, tuple(partitions))
 
 

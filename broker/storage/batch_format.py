@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replikafka.errors import CorruptRecordError, InvalidSchemaError
+from replikafka.records import has_dictionary
 
 CONTINUATION = 0xFFFFFFFF
 PREFIX_SIZE = 8
@@ -516,7 +517,7 @@ class BatchEncoder:
         self._placeholder = CRC_PLACEHOLDER.decode()
         # A dictionary column's dictionary is a message of its own, beside the one message
         # a stored batch is (topics refuse such columns: records.validate_topic_schema).
-        self._plain = "dictionary<" not in str(schema)
+        self._plain = not any(has_dictionary(f.type) for f in schema)
         self._lock = threading.Lock()
 
     def _start(self) -> None:

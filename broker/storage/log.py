@@ -44,7 +44,7 @@ from replikafka.errors import (CorruptRecordError, InvalidConfigError, InvalidOf
                                InvalidRequestError, InvalidSchemaError, OffsetOutOfRangeError,
                                RecordTooLargeError, StorageError)
 
-from replikafka.records import conform_batch
+from replikafka.records import conform_batch, has_dictionary
 
 from . import batch_format as bf
 from .clock import SYSTEM_CLOCK
@@ -199,9 +199,6 @@ def validate_schema(schema: pa.Schema) -> None:
     if not pa.types.is_timestamp(ts_type) or ts_type.unit != "ms":
         raise InvalidSchemaError(f"'{TIMESTAMP_COLUMN}' must be timestamp[ms], not {ts_type}")
 
-    def has_dictionary(t: pa.DataType) -> bool:
-        return pa.types.is_dictionary(t) or any(has_dictionary(t.field(i).type)
-                                                for i in range(t.num_fields))
     for field in schema:
         if has_dictionary(field.type):
             raise InvalidSchemaError(f"column {field.name!r} uses a dictionary type ({field.type}), "

@@ -73,6 +73,12 @@ def schema_from_bytes(data: bytes) -> pa.Schema:
                                  f"{type(exc).__name__}: {exc}") from None
 
 
+def has_dictionary(t: pa.DataType) -> bool:
+    """Whether `t` is dictionary-encoded or holds a dictionary-encoded child. A stored
+    batch is one IPC message, and a dictionary would need a message of its own."""
+    return pa.types.is_dictionary(t) or any(has_dictionary(t.field(i).type) for i in range(t.num_fields))
+
+
 def validate_topic_schema(schema: pa.Schema) -> pa.Schema:
     if len(schema) == 0:
         raise InvalidSchemaError("a topic schema needs at least one column")
@@ -89,8 +95,7 @@ def validate_topic_schema(schema: pa.Schema) -> pa.Schema:
         if pa.types.is_large_binary(f.type) or pa.types.is_large_string(f.type) or pa.types.is_large_list(f.type):
             raise InvalidSchemaError(
                 f"column {f.name!r} has type {f.type}: large_* types are not supported (Spark reads binary/string/list)")
-        if "dictionary<" in str(f.type):
-            # A stored batch is one IPC message: a dictionary would need messages of its own.
+        if has_dictionary(f.type):
             raise InvalidSchemaError(
                 f"column {f.name!r} has type {f.type}: dictionary-encoded columns are not supported "
                 f"(give the value type; a producer's dictionary arrays must be decoded first)")
@@ -366,7 +371,7 @@ def _decode_stream_holding_gil(buf: pa.Buffer) -> tuple[pa.Schema, list[pa.Recor
             if msg.type != "schema" or msg.body.size:
                 return None
             schema = ipc.read_schema(msg)
-            if "dictionary<" in str(schema):   # dictionary batches: the reader's path
+            if any(has_dictionary(f.type) for f in schema):   # dictionary batches: the reader's path
                 return None
             if len(_parsed_schemas) >= _PARSED_SCHEMAS_MAX_ENTRIES:
                 _parsed_schemas.clear()
