@@ -64,6 +64,11 @@ CONFIG_CHANGE_EXPIRY_MS = 15 * 60 * 1000
 #: HW checkpoints) holds off for controller events in this process: a failover's few
 #: seconds pass first; neither an event stuck longer nor a stream of events holds it longer.
 HOUSEKEEPING_DEFER_MAX_S = 10.0
+#: Log maintenance and HW checkpoints also hold off while this broker takes up new roles
+#: (a LeaderAndIsr) and for this long (s) after: a failover's new leaders take their first
+#: writes and its followers truncate and fetch then, and at 50,000 partitions those two
+#: scans were a tenth to a fifth of a survivor's CPU in that window (bounded as above).
+ROLE_CHANGE_SETTLE_S = 5.0
 
 
 class PartitionLogs:
@@ -200,14 +205,17 @@ class BrokerServer:
         self.replica_manager.registered_epoch = self.broker_epoch
         self.controller.start()
         # These three scan every partition on each turn: they skip turns while this broker's
-        # controller handles an event (Controller.busy), bounded by HOUSEKEEPING_DEFER_MAX_S.
+        # controller handles an event (Controller.busy), and the last two while it takes up
+        # roles (ReplicaManager.role_changes_recent), bounded by HOUSEKEEPING_DEFER_MAX_S. The
+        # ISR checks do not wait for role changes: a follower that stopped fetching leaves
+        # the ISR within replica.lag.time.max.ms of the leader's clock, whatever else comes.
         self._loop("isr-maintenance", self.replica_manager.do_isr_work,
                    min(cfg.get("replica.lag.time.max.ms") / 4, 500), yields_to_controller=True)
         self._loop("hw-checkpoint", self._checkpoint_hw, cfg.get("replica.high.watermark.checkpoint.interval.ms"),
-                   yields_to_controller=True)
+                   yields_to_controller=True, yields_to_role_changes=True)
         self._loop("log-maintenance", self._maintain_logs,
                    min(cfg.get("log.retention.check.interval.ms"), cfg.get("log.flush.scheduler.interval.ms"), 1000),
-                   yields_to_controller=True)
+                   yields_to_controller=True, yields_to_role_changes=True)
         self._loop("zk-session", self._session_work, 100)
         self._watch_config_changes()
         log.info("broker %d serving on %s:%d", self.broker_id, self.endpoint.host, self.endpoint.port)
@@ -374,14 +382,17 @@ class BrokerServer:
         """Every listener as clients and brokers should reach it (published in ZooKeeper)."""
         return [self._advertised(e) for e in self.config.get("advertised.listeners")]
 
-    def _loop(self, name: str, work, interval_ms: float, yields_to_controller: bool = False) -> None:
+    def _loop(self, name: str, work, interval_ms: float, yields_to_controller: bool = False,
+              yields_to_role_changes: bool = False) -> None:
         def run():
             last_run = time.monotonic()
             while not self.stopped.wait(interval_ms / 1000.0):
-                # Skips turns while the controller is busy, but never for longer than the bound
-                # in all: a controller handling one event after another would otherwise hold
-                # the ISR checks and checkpoints off for as long as the events kept coming.
-                if (yields_to_controller and self.controller.busy(HOUSEKEEPING_DEFER_MAX_S)
+                # Skips turns while the controller is busy (or roles are being taken up), but
+                # never for longer than the bound in all: a controller handling one event after
+                # another would otherwise hold the ISR checks and checkpoints off for as long
+                # as the events kept coming.
+                if ((yields_to_controller and self.controller.busy(HOUSEKEEPING_DEFER_MAX_S)
+                     or yields_to_role_changes and self.replica_manager.role_changes_recent(ROLE_CHANGE_SETTLE_S))
                         and time.monotonic() - last_run < HOUSEKEEPING_DEFER_MAX_S):
                     continue
                 last_run = time.monotonic()

@@ -60,6 +60,7 @@ class ReplicaManager:
         self.clock = clock
         self.lock = threading.RLock()
         self.role_change_lock = threading.Lock()   # one LeaderAndIsr at a time (Kafka's replicaStateChangeLock)
+        self.role_change_ended_s = float("-inf")   # time.monotonic() when the last LeaderAndIsr was handled
         self.partitions: dict[TP, Partition] = {}
         self.controller_epoch = -1
         self.data_arrived = threading.Condition(threading.Lock())
@@ -202,11 +203,20 @@ class ReplicaManager:
             finally:  # the roles taken so far get their fetchers even if one partition failed oddly
                 self.fetchers.remove_partitions(unfollow)
                 self.fetchers.add_partitions(follow)
+                self.role_change_ended_s = time.monotonic()
         state_change_log.log_lines(lines)
         self.notify_data()
         log.info("LeaderAndIsr from controller %d (epoch %d): %d partitions in %.3fs", req.controller_id,
                  req.controller_epoch, len(req.partitions), time.monotonic() - started)
         return out
+
+    def role_changes_recent(self, within_s: float) -> bool:
+        """Whether a LeaderAndIsr is being handled or was handled less than ``within_s``
+        ago (any thread may ask). The broker's scans of every partition (log maintenance,
+        HW checkpoints) wait meanwhile: what follows a failover's role changes here (the
+        new leaders' first writes, the followers' truncations and first fetches) shares
+        this process's GIL and the machine's cores with them."""
+        return self.role_change_lock.locked() or time.monotonic() - self.role_change_ended_s < within_s
 
     def _become_follower(self, part: Partition, leader: int, leader_epoch: int, isr, replicas, zk_version: int,
                          controller_epoch: int, follow: dict[TP, tuple[int, int]], unfollow: list[TP]) -> bool:

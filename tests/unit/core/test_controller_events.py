@@ -175,6 +175,46 @@ def test_a_stream_of_controller_events_holds_the_housekeeping_off_no_longer_than
     assert 2 <= len(turns) <= 5, turns
 
 
+def test_log_maintenance_and_checkpoints_wait_for_role_changes_within_the_bound(monkeypatch):
+    """A loop that yields to role changes skips its turns while the replica manager says
+    roles are being taken up (the ISR checks do not ask), and still runs once it has not
+    run for HOUSEKEEPING_DEFER_MAX_S."""
+    from replikafka.broker import server as server_module
+    from replikafka.broker.server import BrokerServer
+    monkeypatch.setattr(server_module, "HOUSEKEEPING_DEFER_MAX_S", 0.5)
+
+    class Idle:
+        def busy(self, longest_s):
+            return False
+
+    class Roles:
+        recent = True
+        asked = []
+
+        def role_changes_recent(self, within_s):
+            self.asked.append(within_s)
+            return self.recent
+
+    server = object.__new__(BrokerServer)
+    server.stopped, server.threads, server.controller = threading.Event(), [], Idle()
+    server.replica_manager = roles = Roles()
+    turns = {"scan": [], "isr": []}
+    server._loop("scan", lambda: turns["scan"].append(time.monotonic()), 5, yields_to_controller=True,
+                 yields_to_role_changes=True)
+    server._loop("isr", lambda: turns["isr"].append(time.monotonic()), 5, yields_to_controller=True)
+    time.sleep(0.3)
+    assert turns["scan"] == [] and turns["isr"]
+    assert set(roles.asked) == {server_module.ROLE_CHANGE_SETTLE_S}
+    time.sleep(0.5)                 # past the bound: one turn, then it waits again
+    assert 1 <= len(turns["scan"]) <= 2
+    roles.recent = False
+    time.sleep(0.2)
+    assert len(turns["scan"]) > 5
+    server.stopped.set()
+    for t in server.threads:
+        t.join(5)
+
+
 def test_a_full_queue_blocks_a_watch_event_until_there_is_room():
     c = controller(SimZooKeeper(), 1)
     c.events = queue.Queue(maxsize=2)

@@ -121,6 +121,20 @@ def test_leader_and_isr_makes_a_follower_with_its_fetcher_and_a_repeat_changes_n
     assert broker.fetchers.following == {}
 
 
+def test_role_changes_are_recent_while_a_leader_and_isr_is_handled_and_for_a_while_after(broker):
+    """What the broker's scans of every partition wait for (server.ROLE_CHANGE_SETTLE_S)."""
+    import time
+    assert not broker.rm.role_changes_recent(5.0)               # none handled yet
+    with broker.rm.role_change_lock:                            # one being handled
+        assert broker.rm.role_changes_recent(0.0)
+    assert broker.leader_and_isr(1, 3, (1, 2, 3)) == OK
+    assert broker.rm.role_changes_recent(5.0)
+    time.sleep(0.05)
+    assert not broker.rm.role_changes_recent(0.01)
+    refused = broker.leader_and_isr(1, 3, (1, 2, 3), broker_epoch=9)   # refused: took nothing up
+    assert refused.error is not None and not broker.rm.role_changes_recent(0.01)
+
+
 def test_leader_and_isr_for_an_earlier_registration_is_refused_and_changes_nothing(broker):
     result = broker.leader_and_isr(1, 3, (1, 2, 3), broker_epoch=9)
     assert (result.error.code, result.partition_errors) == ("STALE_BROKER_EPOCH", [])
