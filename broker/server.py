@@ -67,7 +67,8 @@ HOUSEKEEPING_DEFER_MAX_S = 10.0
 #: Log maintenance and HW checkpoints also hold off while this broker takes up new roles
 #: (a LeaderAndIsr) and for this long (s) after: a failover's new leaders take their first
 #: writes and its followers truncate and fetch then, and at 50,000 partitions those two
-#: scans were a tenth to a fifth of a survivor's CPU in that window (bounded as above).
+#: scans held 19% and 24% of the two survivors' py-spy --gil samples in that window
+#: (bounded as above).
 ROLE_CHANGE_SETTLE_S = 5.0
 
 

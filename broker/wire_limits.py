@@ -89,8 +89,8 @@ def partition_states_errors(states, limits: WireLimits) -> list[E.ReplikafkaErro
     """:func:`partition_state_error` of each of ``states``, a controller request's
     (50,000 in a full UpdateMetadata): a legal entry passes a few comparisons, each
     topic's name checked once; one that fails them gets :func:`partition_state_error`'s
-    answer, which names what is wrong. (Each entry through :func:`partition_state_error`
-    cost 0.3 s of a failover's LeaderAndIsr of 33,333 partitions.)"""
+    answer, which names what is wrong. (The guard's check of a failover's LeaderAndIsr of
+    33,334 partitions: 0.29 s with :func:`partition_state_error` on each, 0.26 s so.)"""
     names: dict[str, bool] = {}
     ids_max = limits.replication_factor_max
     partition_max = limits.partitions_per_topic_max
