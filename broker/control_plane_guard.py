@@ -149,7 +149,7 @@ class ControlPlaneGuard:
         """The request with only the legal entries ZooKeeper knows, and PartitionErrors for the rest."""
         errors: list[pb.PartitionError] = []
         topics = [t for t in req.topics if self._topic_ok(t)]
-        malformed = W.partition_states_errors(req.partitions, self.limits)
+        malformed = [W.partition_state_error(s, self.limits) for s in req.partitions]   # once each
         assignments = self._assignments([s.topic for s, bad in zip(req.partitions, malformed) if bad is None])
         kept = []
         for s, bad in zip(req.partitions, malformed):
@@ -230,8 +230,7 @@ class ControlPlaneGuard:
         registered = self.truth.live_brokers(epochs=epochs)
         brokers = [b for b in req.live_brokers if W.endpoint_error(b) is None
                    and registered.get(b.id) == (b.host, b.port) and epochs.get(b.id) == b.broker_epoch]
-        states = [s for s, bad in zip(req.partitions, W.partition_states_errors(req.partitions, self.limits))
-                  if bad is None]
+        states = [s for s in req.partitions if W.partition_state_error(s, self.limits) is None]
         assignments = self._assignments([s.topic for s in states] + [t.name for t in req.topics
                                                                     if self._topic_ok(t)])
         kept = [s for s in states if self._partition_error(s.topic, s.partition, assignments) is None]

@@ -433,18 +433,14 @@ class LogManager:
         Returns counts of what it did."""
         now = self._clock.time_ms() if now_ms is None else now_ms
         done = dict(deleted_segments=0, rolled=0, flushed=0, released=0)
-        idle_ms = self._idle_release_ms
         for log_ in self.logs().values():
             try:
-                deleted, rolled, flushed, released = log_.maintain(now, idle_ms)
+                done["deleted_segments"] += log_.enforce_retention(now)
+                done["rolled"] += log_.roll_if_due(now)
+                done["flushed"] += log_.flush_if_due(now)
+                done["released"] += log_.release_if_idle(now, self._idle_release_ms)
             except (OSError, StorageError):
                 log.exception("maintenance of %s failed", log_.dir)
-                continue
-            if deleted or rolled or flushed or released:
-                done["deleted_segments"] += deleted
-                done["rolled"] += rolled
-                done["flushed"] += flushed
-                done["released"] += released
         online = [d for d in self._dirs if d.path not in self._offline_dirs]
         if self._checkpoints_stale.is_set() or not all(d.recovery_points.exists() and d.log_starts.exists()
                                               for d in online):

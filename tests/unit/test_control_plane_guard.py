@@ -121,25 +121,3 @@ def test_an_assignment_is_read_once_per_znode_version_and_a_new_version_is_obeye
     view.write("t", None)                                         # deleted and created again between two
     view.write("t", {0: [3, 4]})                                  # requests, elsewhere (a new znode: its
     assert refused(0) == [0] and view.reads == 4                  # version restarts, its mzxid does not)
-
-
-def test_the_quick_check_of_many_partition_states_refuses_what_the_entry_check_refuses():
-    """``partition_states_errors`` (a controller request's thousands of entries, each
-    legal one passed by a few comparisons) gives exactly what ``partition_state_error``
-    gives entry by entry: None for the legal ones, the same named error for the others."""
-    from replikafka.broker import wire_limits as W
-    limits = WireLimits(partitions_per_topic_max=100, replication_factor_max=3)
-    legal = dict(topic="t", partition=0, leader=1, leader_epoch=0, replicas=[1, 2, 3], isr=[1, 2])
-    shapes = [{}, dict(replicas=[], isr=[]), dict(leader=-1, leader_epoch=-1), dict(partition=99),
-              dict(topic="t.b-c_9"),
-              # each of these is not legal
-              dict(topic=""), dict(topic="a b"), dict(topic=".."), dict(topic="x" * 250), dict(partition=-1),
-              dict(partition=100), dict(leader=-2), dict(leader_epoch=-2), dict(replicas=[1, 2, 3, 4]),
-              dict(replicas=[1, 1]), dict(replicas=[-1, 2]), dict(isr=[2, 2]), dict(isr=[1, 2, 3, 4]),
-              dict(isr=[0, -3])]
-    states = [pb.PartitionState(**{**legal, **shape}) for shape in shapes] * 2     # a topic seen twice
-    quick = W.partition_states_errors(states, limits)
-    one_by_one = [W.partition_state_error(s, limits) for s in states]
-    assert [None if e is None else (type(e), str(e)) for e in quick] == \
-           [None if e is None else (type(e), str(e)) for e in one_by_one]
-    assert quick[:5] == [None] * 5 and all(e is not None for e in quick[5:len(shapes)])
