@@ -155,11 +155,19 @@ def test_zookeeper_session_state_and_expirations_follow_a_real_session_expiry(cl
     assert {k[0][1]: v for k, v in m[state].items()} == {"CONNECTED": 1, "SUSPENDED": 0, "LOST": 0}
 
 
+def hosted(cluster, broker_id: int, tp: str) -> bool:
+    with urllib.request.urlopen(f"{cluster.metrics_url(broker_id)}/replicas.json?tp={tp}", timeout=10) as r:
+        return json.loads(r.read()).get(tp, {}).get("role") == "leader"
+
+
 def test_per_topic_byte_and_message_counters_match_what_was_produced_and_fetched(cluster_factory):
     cluster = cluster_factory(2)
     admin = replikafka.Admin(cluster.bootstrap_servers)
     admin.create_topic("bytes", partitions=2, replication_factor=2)
     parts = admin.describe_topic("bytes").partitions
+    for p in parts:     # CreateTopic returns once the controller decided; the leader takes it up next
+        wait_until(lambda: hosted(cluster, p.leader, f"bytes:{p.partition}"), 30,
+                   what=f"broker {p.leader} hosting bytes-{p.partition}")
     produced_bytes = produced_records = 0
     for p in parts:
         with grpc.insecure_channel(cluster.address(p.leader)) as ch:
