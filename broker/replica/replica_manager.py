@@ -429,17 +429,30 @@ class ReplicaManager:
         except that a follower's partition naming its ``follower_high_watermark`` is left
         out while the leader has nothing it does not know (no records: its LEO is the
         fetch offset; no error; that high watermark)."""
-        max_wait_ms = max(0, min(req.max_wait_ms, 30_000))
-        deadline = self.clock.time_ms() + max_wait_ms
-        min_bytes = max(req.min_bytes, 0)
+        answer: list[M.FetchPartitionResult] = []
+
+        def read_pass() -> tuple[int, bool]:
+            nonlocal answer
+            answer, size, any_error = self._fetch_once(req)
+            return size, any_error      # each pass reads every partition again
+        self._long_poll(req, self.clock.time_ms(), context_active, read_pass)
+        return answer
+
+    def _long_poll(self, req: M.FetchRequest, now_ms: int, context_active, read_pass) -> None:
+        """Fetch's long poll, for plain fetches and fetch sessions alike: ``read_pass()``
+        reads and returns (bytes so far, an error so far); it is called again, after
+        waiting for an append or HW move, until ``min_bytes`` (at least 1) were read,
+        an error was met, ``max_wait_ms`` (at most 30 s) passed, or the caller is gone."""
+        deadline = now_ms + max(0, min(req.max_wait_ms, 30_000))
+        min_bytes = max(req.min_bytes, 1)
         while True:
             # Read before looking: an append (or HW move) notified while this fetch reads
             # wakes it at once, not after the slice (an acks=all produce waits on it).
             seen = self.data_version
-            out, size, any_error = self._fetch_once(req)
+            size, any_error = read_pass()
             left = deadline - self.clock.time_ms()
-            if size >= max(min_bytes, 1) or any_error or left <= 0 or not context_active():
-                return out
+            if size >= min_bytes or any_error or left <= 0 or not context_active():
+                return
             with self.data_arrived:
                 if self.data_version == seen:
                     self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
@@ -484,43 +497,39 @@ class ReplicaManager:
         (a full fetch's first pass: everything), then the session's ``last_fetch_ms``
         becomes the pass's start: partitions it found caught up and left unread since
         are caught up as of then (ReplicaProgress.parked_in)."""
-        max_wait_ms = max(0, min(req.max_wait_ms, 30_000))
-        deadline = now + max_wait_ms
-        min_bytes = max(req.min_bytes, 0)
         journal = self.change_journal
         held = session.partitions
-        # Read before the journal: an append journalled after this pass looked wakes it at once.
-        seen = self.data_version
-        if full:
-            todo = list(held)
-            position = session.journal_position
-        else:
-            moved, position = journal.since(session.journal_position)
-            todo = set(held) if moved is None else self._in_session(moved, held)
-            todo.update((fp.topic, fp.partition) for fp in req.partitions)
-            todo.update(session.retry)
         answered: dict[TP, M.FetchPartitionResult] = {}
+        position = session.journal_position
+        todo = None
         total, any_error = 0, False
-        started = now
-        while True:
-            parts = [held[tp] for tp in todo if tp in held]
-            out, size, error = self._fetch_once(req, parts, session)
+
+        def read_pass() -> tuple[int, bool]:
+            # Each pass reads what may have news since the last one (the first of a full
+            # fetch: everything; of an incremental one: what moved since the session's
+            # last fetch, what it names, and what answered an error). The long poll read
+            # data_version before this looks at the journal: an append journalled after
+            # it wakes the poll at once.
+            nonlocal position, todo, total, any_error
+            first = todo is None
+            started = now if first else self.clock.time_ms()
+            if first and full:
+                todo = list(held)
+            else:
+                moved, position = journal.since(position)
+                todo = set(held) if moved is None else self._in_session(moved, held)
+                if first:
+                    todo.update((fp.topic, fp.partition) for fp in req.partitions)
+                    todo.update(session.retry)
+            out, size, error = self._fetch_once(req, [held[tp] for tp in todo if tp in held], session)
             if started > session.last_fetch_ms:
                 session.last_fetch_ms = started
             for r in out:
                 answered[(r.topic, r.partition)] = r
             total += size
             any_error = any_error or error
-            left = deadline - self.clock.time_ms()
-            if total >= max(min_bytes, 1) or any_error or left <= 0 or not context_active():
-                break
-            with self.data_arrived:
-                if self.data_version == seen:
-                    self.data_arrived.wait(min(left / 1000.0, FETCH_WAIT_SLICE_S * 10))
-            seen = self.data_version
-            started = self.clock.time_ms()
-            moved, position = journal.since(position)
-            todo = set(held) if moved is None else self._in_session(moved, held)
+            return total, any_error     # the answers of all passes go out together
+        self._long_poll(req, now, context_active, read_pass)
         with self._sessions_lock:
             session.journal_position = position
             session.retry = {tp for tp, r in answered.items() if r.error is not None}
