@@ -534,11 +534,11 @@ class BatchEncoder:
                                      f"columns are not supported (a stored batch is one IPC message)")
         out = []
         for batch, header in items:
-            if _buffer_bytes(batch) <= SMALL_BATCH_MAX_BYTES:
-                msg = _encode_small(batch, header, self._placeholder)
-                if msg is not None:
-                    out.append(msg.seal(msg.body_crc()) if seal else msg)
-                    continue
+            plain = _small_serialization(batch)
+            if plain is not None:
+                msg = _encode_small(batch, header, self._placeholder, plain)
+                out.append(msg.seal(msg.body_crc()) if seal else msg)
+                continue
             with self._lock:
                 if self._writer is None:
                     self._start()
@@ -581,24 +581,37 @@ _KEY_VALUE_VTABLE = struct.pack("<4H", 8, 12, 4, 8)
 _KEY_VALUE_TABLE = struct.Struct("<iII")
 
 
-def _encode_small(batch: pa.RecordBatch, header: BatchHeader, crc_text: str) -> EncodedMessage | None:
-    """An unsealed message of `batch` (the same bytes a reader sees as the stream
-    writer's: the same body, the same RecordBatch header, the header's custom
-    metadata), built from Arrow's own serialisation of the batch and a Message
-    flatbuffer written here; None if that serialisation is not the plain message
-    expected (the stream writer then encodes it).
+def _fb_string_bytes(text: bytes) -> bytes:
+    """A flatbuffer string: its length, its bytes, a NUL, zeros to a multiple of 4."""
+    return struct.pack("<I", len(text)) + text + b"\0" * (((len(text) + 4) & ~3) - len(text))
 
-    Why: the stream writer gives the GIL up and takes it back for each batch (and
-    for each write into the Python sink), and beside a busy broker's other threads
-    each take-back waits for their switch interval, ~1 ms with one thread running
-    Python. A Produce naming thousands of partitions (the retries after a failover)
-    encodes thousands of small batches; ``RecordBatch.serialize`` keeps the GIL.
 
-    The metadata is a new Message table (its vtable, the custom_metadata vector,
-    its KeyValue tables and strings) followed, 8-byte aligned, by Arrow's metadata
-    verbatim: the new table's ``header`` field points into it at the RecordBatch
-    table (flatbuffer offsets are relative, so that table reads the same at its
-    new place); Arrow's own Message table there is not referenced any more."""
+# Where `_encode_small`'s pieces go: the root offset (4) and the vtable (14, then 2 of
+# padding) put the Message table at 20, its custom_metadata vector after it (a count
+# and an offset per KeyValue), then the KeyValue tables' one vtable, the tables, and
+# the strings (each key, then its value). Everything before the strings is the same
+# for every batch but the Message table and the KeyValue tables' string offsets.
+_KV_COUNT = len(HEADER_KEYS)
+_TABLE_AT = 20
+_VECTOR_AT = _TABLE_AT + _MESSAGE_TABLE.size
+_KV_VTABLE_AT = _VECTOR_AT + 4 + 4 * _KV_COUNT
+_KV_TABLES_AT = _KV_VTABLE_AT + len(_KEY_VALUE_VTABLE)
+_STRINGS_AT = _KV_TABLES_AT + _KEY_VALUE_TABLE.size * _KV_COUNT
+_META_START = struct.pack("<I", _TABLE_AT) + _MESSAGE_VTABLE + b"\0\0"
+_VECTOR_AND_KV_VTABLE = struct.pack(
+    f"<{_KV_COUNT + 1}I", _KV_COUNT,
+    *(_KV_TABLES_AT + _KEY_VALUE_TABLE.size * i - (_VECTOR_AT + 4 + 4 * i) for i in range(_KV_COUNT))) \
+    + _KEY_VALUE_VTABLE
+_KV_TABLES = struct.Struct("<" + "iII" * _KV_COUNT)
+# The keys in the order BatchHeader.metadata gives them.
+_KEY_STRINGS = tuple(_fb_string_bytes(k.encode()) for k in BatchHeader(0, 0, 0).metadata("0" * 8))
+
+
+def _plain_serialization(batch: pa.RecordBatch):
+    """Arrow's own serialisation of ``batch`` and what `_encode_small` needs of it,
+    ``(serialized, metadata bytes, version, RecordBatch table position, body length,
+    body start)``; None if it is not the plain message expected (one RecordBatch
+    Message, no custom metadata, 8-byte aligned, the body right after it)."""
     ser = batch.serialize()
     view = memoryview(ser)
     try:
@@ -616,33 +629,56 @@ def _encode_small(batch: pa.RecordBatch, header: BatchHeader, crc_text: str) -> 
     body_start = PREFIX_SIZE + meta_len
     if body_start + body_length != ser.size:
         return None
-    kv = [(k.encode(), v.encode()) for k, v in header.metadata(crc_text).items()]
-    table = 20                                   # 4 (root offset) + 14 (vtable), 4-aligned; bodyLength at 24
-    vector = table + _MESSAGE_TABLE.size         # 44
-    kv_vtable = vector + 4 + 4 * len(kv)
-    kv_tables = kv_vtable + len(_KEY_VALUE_VTABLE)
-    strings = kv_tables + _KEY_VALUE_TABLE.size * len(kv)
-    string_parts, positions, pos = [], [], strings
-    for text in (t for pair in kv for t in pair):
-        positions.append(pos)
-        padded = (len(text) + 1 + 3) & ~3        # length prefix, bytes, NUL, to 4 bytes
-        string_parts.append(struct.pack("<I", len(text)) + text + b"\0" * (padded - len(text)))
-        pos += 4 + padded
+    return ser, meta, version, record_batch, body_length, body_start
+
+
+def _small_serialization(batch: pa.RecordBatch):
+    """`_plain_serialization` of a batch of at most SMALL_BATCH_MAX_BYTES; None for a
+    larger one (the stream writer encodes it) or one not plain."""
+    return _plain_serialization(batch) if _buffer_bytes(batch) <= SMALL_BATCH_MAX_BYTES else None
+
+
+def _encode_small(batch: pa.RecordBatch, header: BatchHeader, crc_text: str,
+                  plain: tuple | None = None) -> EncodedMessage | None:
+    """An unsealed message of `batch` (the same bytes a reader sees as the stream
+    writer's: the same body, the same RecordBatch header, the header's custom
+    metadata), built from Arrow's own serialisation of the batch and a Message
+    flatbuffer written here; None if that serialisation is not the plain message
+    expected (the stream writer then encodes it).
+
+    Why: the stream writer gives the GIL up and takes it back for each batch (and
+    for each write into the Python sink), and beside a busy broker's other threads
+    each take-back waits for their switch interval, ~1 ms with one thread running
+    Python. A Produce naming thousands of partitions (the retries after a failover)
+    encodes thousands of small batches; ``RecordBatch.serialize`` keeps the GIL.
+
+    The metadata is a new Message table (its vtable, the custom_metadata vector,
+    its KeyValue tables and strings) followed, 8-byte aligned, by Arrow's metadata
+    verbatim: the new table's ``header`` field points into it at the RecordBatch
+    table (flatbuffer offsets are relative, so that table reads the same at its
+    new place); Arrow's own Message table there is not referenced any more. The
+    parts that are the same for every batch are built once (at import). ``plain``:
+    `_plain_serialization(batch)` if the caller has it."""
+    plain = _plain_serialization(batch) if plain is None else plain
+    if plain is None:
+        return None
+    ser, meta, version, record_batch, body_length, body_start = plain
+    strings = []
+    offsets = []
+    pos = _STRINGS_AT
+    at = _KV_TABLES_AT
+    for key, value in zip(_KEY_STRINGS, header.metadata(crc_text).values()):
+        text = _fb_string_bytes(value.encode())
+        offsets += (at - _KV_VTABLE_AT, pos - (at + 4), pos + len(key) - (at + 8))
+        strings += (key, text)
+        pos += len(key) + len(text)
+        at += _KEY_VALUE_TABLE.size
     arrow_at = (pos + 7) & ~7
-    parts = [struct.pack("<I", table), _MESSAGE_VTABLE, b"\0\0",
-             _MESSAGE_TABLE.pack(table - 4, body_length, arrow_at + record_batch - (table + 12),
-                                 vector - (table + 16), version, _MESSAGE_HEADER_RECORD_BATCH),
-             struct.pack(f"<{len(kv) + 1}I", len(kv),
-                         *(kv_tables + _KEY_VALUE_TABLE.size * i - (vector + 4 + 4 * i) for i in range(len(kv)))),
-             _KEY_VALUE_VTABLE]
-    for i in range(len(kv)):
-        at = kv_tables + _KEY_VALUE_TABLE.size * i
-        parts.append(_KEY_VALUE_TABLE.pack(at - kv_vtable, positions[2 * i] - (at + 4),
-                                           positions[2 * i + 1] - (at + 8)))
-    parts += string_parts
-    parts.append(b"\0" * (arrow_at - pos))
-    parts.append(meta)
-    new_meta = b"".join(parts)
+    new_meta = b"".join((
+        _META_START,
+        _MESSAGE_TABLE.pack(_TABLE_AT - 4, body_length, arrow_at + record_batch - (_TABLE_AT + 12),
+                            _VECTOR_AT - (_TABLE_AT + 16), version, _MESSAGE_HEADER_RECORD_BATCH),
+        _VECTOR_AND_KV_VTABLE, _KV_TABLES.pack(*offsets), *strings, b"\0" * (arrow_at - pos), meta))
     head = _PREFIX.pack(CONTINUATION, len(new_meta)) + new_meta
     crc_at = head.find(CRC_PLACEHOLDER)
     return EncodedMessage(header, (head,), (ser.slice(body_start),),
@@ -669,9 +705,19 @@ def shared_encoder(schema: pa.Schema, schema_msg: bytes | None = None) -> BatchE
 def body_crc32c(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> list[int]:
     """The CRC-32C of each batch's body as the log would store it (``rk.crc32c``),
     without copying the column data: what a producer sends with a Flight append
-    so the leader can check what it stores (``Log.append(body_crc32c=...)``)."""
-    header = BatchHeader(0, 0, -1)
-    return [m.body_crc() for m in shared_encoder(schema).encode([(b, header) for b in batches], seal=False)]
+    so the leader can check what it stores (``Log.append(body_crc32c=...)``). A
+    small batch's body is Arrow's serialisation's (`_encode_small`): its CRC needs no
+    message built around it."""
+    out = []
+    for b in batches:
+        plain = _small_serialization(b)
+        if plain is not None:
+            ser, body_start = plain[0], plain[5]
+            out.append(_crc32c.crc32c(memoryview(ser)[body_start:]))
+        else:
+            [msg] = shared_encoder(schema).encode([(b, BatchHeader(0, 0, -1))], seal=False)
+            out.append(msg.body_crc())
+    return out
 
 
 def _drop_prefix(pieces: list, nbytes: int) -> list:

@@ -318,6 +318,17 @@ def test_small_batches_are_encoded_as_the_stream_writer_encodes_them(batch, monk
             "%08x" % written.header.crc32c)
 
 
+def test_a_producers_body_crc_is_the_crc_the_log_stores_for_every_shape():
+    """``body_crc32c`` (what a Flight producer sends; small batches: the CRC of Arrow's
+    serialisation's body, no message built) equals the CRC the encoder seals into the
+    stored batch, for small batches of every shape and one through the stream writer."""
+    big = pa.record_batch([pa.nulls(2, pa.binary()), pa.array([b"x" * bf.SMALL_BATCH_MAX_BYTES, b"y"]),
+                           pa.array([T0, T0], pa.int64()).view(TS)], schema=SCHEMA)
+    for batch in _batches_of_every_shape() + [big]:
+        stored = bf.BatchEncoder(batch.schema).encode([(batch, header(0, batch.num_rows))])[0]
+        assert bf.body_crc32c([batch], batch.schema) == [stored.header.crc32c], batch.num_rows
+
+
 def test_the_encoder_writes_small_batches_itself_and_large_ones_with_the_stream_writer(monkeypatch):
     """A batch over SMALL_BATCH_MAX_BYTES goes through the stream writer (its data is not
     copied there); smaller ones through the small-batch encoding; both decode."""
