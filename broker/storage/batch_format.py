@@ -707,10 +707,11 @@ def body_crc32c(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> list[in
     without copying the column data: what a producer sends with a Flight append
     so the leader can check what it stores (``Log.append(body_crc32c=...)``). A
     small batch's body is Arrow's serialisation's (`_encode_small`): its CRC needs no
-    message built around it."""
+    message built around it (a schema the log refuses goes to the encoder, which names why)."""
     out = []
+    storable = not any(has_dictionary(f.type) for f in schema)
     for b in batches:
-        plain = _small_serialization(b)
+        plain = _small_serialization(b) if storable else None
         if plain is not None:
             ser, body_start = plain[0], plain[5]
             out.append(_crc32c.crc32c(memoryview(ser)[body_start:]))

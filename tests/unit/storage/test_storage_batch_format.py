@@ -327,6 +327,9 @@ def test_a_producers_body_crc_is_the_crc_the_log_stores_for_every_shape():
     for batch in _batches_of_every_shape() + [big]:
         stored = bf.BatchEncoder(batch.schema).encode([(batch, header(0, batch.num_rows))])[0]
         assert bf.body_crc32c([batch], batch.schema) == [stored.header.crc32c], batch.num_rows
+    coded = pa.record_batch([pa.array(["a", "b"]).dictionary_encode()], names=["v"])
+    with pytest.raises(InvalidSchemaError, match="dictionary-encoded columns are not supported"):
+        bf.body_crc32c([coded], coded.schema)     # refused as the log refuses it, not given a CRC
 
 
 def test_the_encoder_writes_small_batches_itself_and_large_ones_with_the_stream_writer(monkeypatch):
