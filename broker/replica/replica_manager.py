@@ -440,7 +440,8 @@ class ReplicaManager:
 
     def _long_poll(self, req: M.FetchRequest, now_ms: int, context_active, read_pass) -> None:
         """Fetch's long poll, for plain fetches and fetch sessions alike: ``read_pass()``
-        reads and returns (bytes so far, an error so far); it is called again, after
+        reads and returns (bytes, an error met) of what the answer holds now (a plain
+        fetch: its last pass; a session: all its passes); it is called again, after
         waiting for an append or HW move, until ``min_bytes`` (at least 1) were read,
         an error was met, ``max_wait_ms`` (at most 30 s) passed, or the caller is gone."""
         deadline = now_ms + max(0, min(req.max_wait_ms, 30_000))
@@ -493,7 +494,7 @@ class ReplicaManager:
 
     def _session_fetch(self, req: M.FetchRequest, session, full: bool, now: int,
                        context_active) -> list[M.FetchPartitionResult]:
-        """``fetch``'s long poll over a session: each pass reads only what may have news
+        """The long poll (:meth:`_long_poll`) over a session: each pass reads only what may have news
         (a full fetch's first pass: everything), then the session's ``last_fetch_ms``
         becomes the pass's start: partitions it found caught up and left unread since
         are caught up as of then (ReplicaProgress.parked_in)."""

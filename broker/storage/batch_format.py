@@ -703,11 +703,13 @@ def shared_encoder(schema: pa.Schema, schema_msg: bytes | None = None) -> BatchE
 
 
 def body_crc32c(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> list[int]:
-    """The CRC-32C of each batch's body as the log would store it (``rk.crc32c``),
-    without copying the column data: what a producer sends with a Flight append
-    so the leader can check what it stores (``Log.append(body_crc32c=...)``). A
-    small batch's body is Arrow's serialisation's (`_encode_small`): its CRC needs no
-    message built around it (a schema the log refuses goes to the encoder, which names why)."""
+    """The CRC-32C of each batch's body as the log would store it (``rk.crc32c``):
+    what a producer sends with a Flight append so the leader can check what it
+    stores (``Log.append(body_crc32c=...)``). A small batch's body is Arrow's
+    serialisation's (`_encode_small`; its data copied once, as the log copies it):
+    its CRC needs no message built around it. A larger one's comes from the stream
+    writer's pieces, its column data not copied. A schema the log refuses goes to
+    the encoder, which names why."""
     out = []
     storable = not any(has_dictionary(f.type) for f in schema)
     for b in batches:
