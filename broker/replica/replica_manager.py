@@ -60,7 +60,7 @@ class ReplicaManager:
         self.clock = clock
         self.lock = threading.RLock()
         self.role_change_lock = threading.Lock()   # one LeaderAndIsr at a time (Kafka's replicaStateChangeLock)
-        self.role_change_ended_s = float("-inf")   # time.monotonic() when the last LeaderAndIsr was handled
+        self.role_change_ended_ms: int | None = None   # clock.time_ms() when the last LeaderAndIsr was handled
         self.partitions: dict[TP, Partition] = {}
         self.controller_epoch = -1
         self.data_arrived = threading.Condition(threading.Lock())
@@ -203,7 +203,7 @@ class ReplicaManager:
             finally:  # the roles taken so far get their fetchers even if one partition failed oddly
                 self.fetchers.remove_partitions(unfollow)
                 self.fetchers.add_partitions(follow)
-                self.role_change_ended_s = time.monotonic()
+                self.role_change_ended_ms = self.clock.time_ms()
         state_change_log.log_lines(lines)
         self.notify_data()
         log.info("LeaderAndIsr from controller %d (epoch %d): %d partitions in %.3fs", req.controller_id,
@@ -216,7 +216,8 @@ class ReplicaManager:
         HW checkpoints) wait meanwhile: what follows a failover's role changes here (the
         new leaders' first writes, the followers' truncations and first fetches) shares
         this process's GIL and the machine's cores with them."""
-        return self.role_change_lock.locked() or time.monotonic() - self.role_change_ended_s < within_s
+        ended = self.role_change_ended_ms
+        return self.role_change_lock.locked() or (ended is not None and self.clock.time_ms() - ended < within_s * 1000)
 
     def _become_follower(self, part: Partition, leader: int, leader_epoch: int, isr, replicas, zk_version: int,
                          controller_epoch: int, follow: dict[TP, tuple[int, int]], unfollow: list[TP]) -> bool:
