@@ -17,9 +17,17 @@ import os
 
 TMP_SUFFIX = ".tmp"
 _LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.mmap.restype = ctypes.c_void_p
-_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+# mmap and munmap of a read-only mapping set up or drop page tables and do no I/O
+# (pages are read when touched; none is ever dirty), so they are called keeping the
+# GIL: a call that gives it up waits to take it back until the thread running
+# Python reaches its switch interval, and a survivor serving a failover's first
+# follower fetches maps thousands of idle-released segments beside busy threads.
+_LIBC_KEEPING_GIL = ctypes.PyDLL(None, use_errno=True)
+_MMAP = _LIBC_KEEPING_GIL.mmap
+_MMAP.restype = ctypes.c_void_p
+_MMAP.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_MUNMAP = _LIBC_KEEPING_GIL.munmap
+_MUNMAP.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -49,28 +57,48 @@ class _Mapping:
         self.address, self.length = address, length
 
     def __del__(self):
-        _LIBC.munmap(self.address, self.length)
+        _MUNMAP(self.address, self.length)
 
 
-def map_file(path: str, length: int):
+def map_file(path: str, length: int | None = None, *, min_size: int = 0, headroom: int = 0):
     """A read-only ``pyarrow.Buffer`` over ``length`` bytes of the file at ``path``, which
     may reach past the file's end (``pa.memory_map`` maps only the current size): pages
     past the end read as the file grows under them (a shared mapping), and touching one
     that is still past the end raises SIGBUS, so a caller reads only bytes it knows are
-    written. The mapping lives as long as any buffer sliced from it."""
+    written. The mapping lives as long as any buffer sliced from it.
+
+    ``length=None``: the file's size now plus ``headroom``, read from the descriptor
+    this opens (no second lookup of the path: each system call gives the GIL up, and
+    a busy broker's threads take it back one after the other); a file shorter than
+    ``min_size`` raises :class:`ShortFileError` naming its size."""
     import pyarrow as pa
 
-    if length <= 0:
+    if length is not None and length <= 0:
         return pa.py_buffer(b"")
     fd = os.open(path, os.O_RDONLY)
     try:
-        address = _LIBC.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if length is None:
+            size = os.fstat(fd).st_size
+            if size < min_size:
+                raise ShortFileError(path, size, min_size)
+            length = size + headroom
+            if length <= 0:
+                return pa.py_buffer(b"")
+        address = _MMAP(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if address is None or address == _MAP_FAILED:
             err = ctypes.get_errno()
             raise OSError(err, f"mmap: {os.strerror(err)}", path)
     finally:
         os.close(fd)
     return pa.foreign_buffer(address, length, base=_Mapping(address, length))
+
+
+class ShortFileError(Exception):
+    """`map_file`: the file holds fewer bytes than the caller knows were written."""
+
+    def __init__(self, path: str, size: int, expected: int):
+        super().__init__(f"{path}: file holds {size} bytes, expected at least {expected}")
+        self.path, self.size, self.expected = path, size, expected
 
 
 def fsync_dir(path: str) -> None:

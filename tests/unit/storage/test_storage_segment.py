@@ -7,6 +7,8 @@ import pyarrow as pa
 import pytest
 
 from replikafka.broker.storage import LogSegment, batch_format as bf
+from replikafka.broker.storage.fileio import ShortFileError, map_file
+from replikafka.errors import CorruptRecordError
 
 from storage_testlib import SCHEMA, T0, make_batch
 
@@ -206,6 +208,32 @@ def test_a_deleted_segment_never_maps_a_new_file_at_its_path(tmp_path):
     append_batches(fresh, [1])
     with pytest.raises(FileNotFoundError):
         list(stale.batches_from(100))
+
+
+def test_a_data_file_shorter_than_its_batches_is_refused_by_name(tmp_path):
+    """Mapping reads the file's size from the descriptor it maps: a file cut short
+    behind the broker's back (a disk or an operator) is refused, naming both sizes,
+    never mapped and read past its end."""
+    seg = new_segment(tmp_path)
+    append_batches(seg, [5, 5])
+    seg.release()                                        # the next read maps again
+    os.truncate(seg.path, seg.size - 10)
+    with pytest.raises(CorruptRecordError, match=rf"holds {seg.size - 10} bytes, expected at least {seg.size}"):
+        list(seg.batches_from(100))
+
+
+def test_map_file_maps_the_size_read_from_its_descriptor_plus_headroom(tmp_path):
+    path = str(tmp_path / "data")
+    with open(path, "wb") as f:
+        f.write(b"0123456789")
+    buf = map_file(path, headroom=4096)
+    assert buf.size == 10 + 4096 and buf.slice(0, 10).to_pybytes() == b"0123456789"
+    assert map_file(path, 4).to_pybytes() == b"0123"
+    assert map_file(path, min_size=10).size == 10
+    with pytest.raises(ShortFileError, match="holds 10 bytes, expected at least 11"):
+        map_file(path, min_size=11)
+    open(path, "wb").close()
+    assert map_file(path).size == 0                      # an empty file, no headroom: nothing to map
 
 
 def test_can_hold(tmp_path):
