@@ -15,6 +15,8 @@ import ctypes
 import mmap
 import os
 
+from replikafka.errors import CorruptRecordError
+
 TMP_SUFFIX = ".tmp"
 _LIBC = ctypes.CDLL(None, use_errno=True)
 # mmap and munmap of a read-only mapping set up or drop page tables and do no I/O
@@ -60,30 +62,26 @@ class _Mapping:
         _MUNMAP(self.address, self.length)
 
 
-def map_file(path: str, length: int | None = None, *, min_size: int = 0, headroom: int = 0):
-    """A read-only ``pyarrow.Buffer`` over ``length`` bytes of the file at ``path``, which
-    may reach past the file's end (``pa.memory_map`` maps only the current size): pages
-    past the end read as the file grows under them (a shared mapping), and touching one
-    that is still past the end raises SIGBUS, so a caller reads only bytes it knows are
-    written. The mapping lives as long as any buffer sliced from it.
-
-    ``length=None``: the file's size now plus ``headroom``, read from the descriptor
-    this opens (no second lookup of the path: each system call gives the GIL up, and
-    a busy broker's threads take it back one after the other); a file shorter than
-    ``min_size`` raises :class:`ShortFileError` naming its size."""
+def map_file(path: str, min_size: int = 0, headroom: int = 0):
+    """A read-only ``pyarrow.Buffer`` over the file at ``path``: its size now plus
+    ``headroom`` bytes, which may reach past the file's end (``pa.memory_map`` maps only
+    the current size): pages past the end read as the file grows under them (a shared
+    mapping), and touching one that is still past the end raises SIGBUS, so a caller
+    reads only bytes it knows are written. The mapping lives as long as any buffer
+    sliced from it. The size is read from the descriptor mapped (no second lookup of
+    the path: each system call gives the GIL up, and a busy broker's threads take it
+    back one after the other); a file shorter than ``min_size`` (bytes the caller knows
+    were written) raises CorruptRecordError naming both sizes."""
     import pyarrow as pa
 
-    if length is not None and length <= 0:
-        return pa.py_buffer(b"")
     fd = os.open(path, os.O_RDONLY)
     try:
-        if length is None:
-            size = os.fstat(fd).st_size
-            if size < min_size:
-                raise ShortFileError(path, size, min_size)
-            length = size + headroom
-            if length <= 0:
-                return pa.py_buffer(b"")
+        size = os.fstat(fd).st_size
+        if size < min_size:
+            raise CorruptRecordError(f"{path}: file holds {size} bytes, expected at least {min_size}")
+        length = size + headroom
+        if length <= 0:
+            return pa.py_buffer(b"")
         address = _MMAP(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if address is None or address == _MAP_FAILED:
             err = ctypes.get_errno()
@@ -91,14 +89,6 @@ def map_file(path: str, length: int | None = None, *, min_size: int = 0, headroo
     finally:
         os.close(fd)
     return pa.foreign_buffer(address, length, base=_Mapping(address, length))
-
-
-class ShortFileError(Exception):
-    """`map_file`: the file holds fewer bytes than the caller knows were written."""
-
-    def __init__(self, path: str, size: int, expected: int):
-        super().__init__(f"{path}: file holds {size} bytes, expected at least {expected}")
-        self.path, self.size, self.expected = path, size, expected
 
 
 def fsync_dir(path: str) -> None:

@@ -59,7 +59,7 @@ import pyarrow as pa
 from replikafka.errors import CorruptRecordError, InvalidSchemaError, StorageError
 
 from . import batch_format as bf
-from .fileio import TMP_SUFFIX, ShortFileError, fsync_dir, fsync_path, map_file, pwritev_all, write_new_file
+from .fileio import TMP_SUFFIX, fsync_dir, fsync_path, map_file, pwritev_all, write_new_file
 from .offset_index import OffsetIndex
 from .time_index import TimeIndex
 
@@ -466,11 +466,7 @@ class LogSegment:
                 if self._retired:
                     # The path now holds another file (or none): the reader's view is stale.
                     raise FileNotFoundError(errno.ENOENT, "segment was deleted or replaced", self.path)
-                try:
-                    buf = map_file(self.path, min_size=need_end,
-                                   headroom=0 if self.sealed else MAP_HEADROOM_BYTES)
-                except ShortFileError as exc:
-                    raise CorruptRecordError(str(exc)) from None
+                buf = map_file(self.path, min_size=need_end, headroom=0 if self.sealed else MAP_HEADROOM_BYTES)
                 self._buf = buf
         return buf
 
