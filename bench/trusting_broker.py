@@ -2,8 +2,8 @@
 named ``trusted-*``; every other topic is validated as by any broker. Skipped:
 
 - gRPC Produce: the payload's CRC-32C check, the one-stream check and Arrow's full
-  validation (``records.decode_produced`` is a plain zero-copy ``decode_stream``, and
-  ``records.validate_untrusted_many`` leaves those entries out);
+  validation (``produce_decoding.decode_produce_entries`` decodes those entries with
+  a plain zero-copy ``decode_stream``; their messages still go to the log verbatim);
 - Flight DoPut: Arrow's full validation (``records.validate_untrusted_batches``);
   its CRC check stays, as it compares the CRC the log computes to store the batch
   anyway.
@@ -18,24 +18,29 @@ from __future__ import annotations
 
 import sys
 
+import pyarrow as pa
+
 from replikafka import records
+from replikafka.broker import produce_decoding
 
 TRUSTED_PREFIX = "trusted-"
-_validating_decode = records.decode_produced
+_validating_decode_entries = produce_decoding.decode_produce_entries
 _validating_check = records.validate_untrusted_batches
-_validating_check_many = records.validate_untrusted_many
 
 
-def _decode(data, crc32c_sent, where, validate=True):
-    if where.startswith(TRUSTED_PREFIX):      # where: "<topic>-<partition>"
-        return records.decode_stream(data)
-    return _validating_decode(data, crc32c_sent, where, validate)
-
-
-def _check_many(entries):
-    checked = [i for i, (where, _schema, _batches) in enumerate(entries) if not where.startswith(TRUSTED_PREFIX)]
-    errors = _validating_check_many([entries[i] for i in checked])
-    return {checked[j]: exc for j, exc in errors.items()}
+def _decode_entries(entries):
+    """Entries of a validated topic as any leader decodes them; the others trusted."""
+    out: list = [None] * len(entries)
+    checked = [i for i, (_data, _crc, where) in enumerate(entries) if not where.startswith(TRUSTED_PREFIX)]
+    for i, decoded in zip(checked, _validating_decode_entries([entries[i] for i in checked])):
+        out[i] = decoded
+    for i, (data, _crc, where) in enumerate(entries):
+        if where.startswith(TRUSTED_PREFIX):      # where: "<topic>-<partition>"
+            buf = pa.py_buffer(data)
+            framed = produce_decoding._frame_plain(buf)
+            out[i] = produce_decoding._records(records.decode_stream(buf)[1],
+                                               None if framed is None else (buf, framed[1]))
+    return out
 
 
 def _check(batches, where):
@@ -43,9 +48,8 @@ def _check(batches, where):
         _validating_check(batches, where)
 
 
-records.decode_produced = _decode
+produce_decoding.decode_produce_entries = _decode_entries
 records.validate_untrusted_batches = _check
-records.validate_untrusted_many = _check_many
 
 if __name__ == "__main__":
     from replikafka.cli.main import main

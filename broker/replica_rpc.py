@@ -13,7 +13,7 @@ import grpc
 
 from replikafka import errors as E
 from replikafka import records as R
-from replikafka.broker import replica_fetch_codec
+from replikafka.broker import produce_decoding, replica_fetch_codec
 from replikafka.broker.replica import messages as M
 from replikafka.client.connection import open_channel, target_of
 from replikafka.protocol import replikafka_pb2 as pb
@@ -87,33 +87,26 @@ def handle_update_metadata(rm, metadata, req: M.UpdateMetadataRequest, deletable
 
 # ---------------------------------------------------------------- produce
 def produce_request(req: pb.ProduceRequest) -> M.ProduceRequest:
-    """Each partition entry's records checked against the producer's CRC-32C and
-    decoded (zero-copy), then every entry's batches validated together
-    (``records.validate_untrusted_many``: one Arrow call per schema, not one per
-    partition); an entry's refusal travels as its ``decode_error``."""
-    errors: dict[int, E.ReplikafkaError] = {}   # by entry
-    decoded, decoded_entry = [], []              # (where, schema, batches) for the validation, and their entry
-    sizes = []                                   # each entry's records on the wire (byte-rate metrics)
-    for i, d in enumerate(req.partitions):
+    """Each partition entry's records checked against the producer's CRC-32C, decoded
+    and validated (:mod:`produce_decoding`: small entries of one schema together,
+    in one Arrow read; each batch with the producer's message, which the log
+    stores verbatim); an entry's refusal travels as its ``decode_error``."""
+    entries, sizes = [], []      # sizes: each entry's records on the wire (byte-rate metrics)
+    for d in req.partitions:
         records = d.records   # each read of a protobuf bytes field is a copy: read it once
         sizes.append(len(records))
-        where = f"{d.topic}-{d.partition}"
-        try:
-            decoded.append((where, *R.decode_produced(
-                records, d.records_crc32c if d.HasField("records_crc32c") else None, where, validate=False)))
-            decoded_entry.append(i)
-        except E.ReplikafkaError as exc:
-            errors[i] = exc
-    batches = {i: tuple(decoded[j][2]) for j, i in enumerate(decoded_entry)}
-    for j, exc in R.validate_untrusted_many(decoded).items():
-        errors[decoded_entry[j]] = exc
+        entries.append((records, d.records_crc32c if d.HasField("records_crc32c") else None,
+                        f"{d.topic}-{d.partition}"))
     partitions = []
-    for i, d in enumerate(req.partitions):
+    for d, size, decoded in zip(req.partitions, sizes, produce_decoding.decode_produce_entries(entries)):
         pid = d.producer_id if d.producer_id > 0 else -1   # ids start at 1: 0 is protobuf's "unset"
         epoch, sequence = (d.producer_epoch, d.base_sequence) if pid > 0 else (-1, -1)
-        error = errors.get(i)
-        partitions.append(M.ProducePartition(d.topic, d.partition, () if error is not None else batches[i],
-                                             sizes[i], pid, epoch, sequence, decode_error=error))
+        if isinstance(decoded, E.ReplikafkaError):
+            partitions.append(M.ProducePartition(d.topic, d.partition, (), size, pid, epoch, sequence,
+                                                 decode_error=decoded))
+        else:
+            partitions.append(M.ProducePartition(d.topic, d.partition, decoded.batches, size, pid, epoch, sequence,
+                                                 sent_messages=decoded.sent_messages))
     return M.ProduceRequest(req.acks, req.timeout_ms, tuple(partitions))
 
 

@@ -204,8 +204,9 @@ class Partition:
     # ------------------------------------------------------------ leader: produce
     def append_as_leader(self, batches, acks: int, min_insync: int, producer_id: int = -1,
                          producer_epoch: int = -1, base_sequence: int = -1,
-                         body_crc32c=None) -> ProduceResult:
-        """``body_crc32c``: the producer's CRC-32C per batch body (a Flight append), checked by the log."""
+                         body_crc32c=None, sent_messages=None) -> ProduceResult:
+        """``body_crc32c``: the producer's CRC-32C per batch body (a Flight append), checked by the log;
+        ``sent_messages``: per batch, the producer's IPC message the log may store verbatim, or None."""
         count = sum(b.num_rows for b in batches)
         with self.lock:
             st = self._require_leader()
@@ -220,7 +221,7 @@ class Partition:
                 return ProduceResult(dup.first_offset, dup.last_offset, count, duplicate=True)
             info = self.log.append(batches, leader_epoch=self.leader_epoch, producer_id=producer_id,
                                    producer_epoch=producer_epoch, base_sequence=base_sequence,
-                                   body_crc32c=body_crc32c)
+                                   body_crc32c=body_crc32c, sent_messages=sent_messages)
             if idempotent:
                 self.producers.update(producer_id, producer_epoch, base_sequence, count, info.first_offset,
                                       self.clock.time_ms())

@@ -350,9 +350,11 @@ class ReplicaManager:
             raise d.decode_error
         # The request may hold several batches; max.message.bytes limits each stored
         # batch (checked by the log as it encodes them), as in Kafka.
-        batches = [b for b in d.batches if b.num_rows]
-        result, min_isr = self._append_batches(part, batches, acks, d.producer_id, d.producer_epoch,
-                                               d.base_sequence, d.size_bytes)
+        kept = [j for j, b in enumerate(d.batches) if b.num_rows]
+        sent = None if d.sent_messages is None else [d.sent_messages[j] for j in kept]
+        result, min_isr = self._append_batches(part, [d.batches[j] for j in kept], acks, d.producer_id,
+                                               d.producer_epoch, d.base_sequence, d.size_bytes,
+                                               sent_messages=sent)
         return part, result, min_isr
 
     def append_flight(self, cmd, batches: list) -> list:
@@ -399,10 +401,11 @@ class ReplicaManager:
         return results
 
     def _append_batches(self, part: Partition, batches: list, acks: int, producer_id: int, producer_epoch: int,
-                        base_sequence: int, nbytes: int, body_crc32c=None):
+                        base_sequence: int, nbytes: int, body_crc32c=None, sent_messages=None):
         """The one leader append of both produce paths: idempotence, the log append
         (which checks the schema and stamps LogAppendTime, once); a failed log dir goes
-        offline. Returns (ProduceResult, min ISR)."""
+        offline. ``sent_messages``: per batch, the producer's IPC message or None (see
+        ``Log.append``). Returns (ProduceResult, min ISR)."""
         cfg = part.log.config
         if not batches:
             raise E.InvalidRequestError(f"{part.topic}-{part.partition}: produce request holds no records")
@@ -412,7 +415,7 @@ class ReplicaManager:
         try:
             # LogAppendTime: the log stamps the timestamps (after checking body_crc32c).
             result = part.append_as_leader(batches, acks, min_isr, pid, producer_epoch if pid > 0 else -1,
-                                           base_sequence if pid > 0 else -1, body_crc32c)
+                                           base_sequence if pid > 0 else -1, body_crc32c, sent_messages)
         except (E.StorageError, OSError) as exc:
             if is_resource_exhaustion(exc):
                 self._out_of_resources(exc)

@@ -503,7 +503,9 @@ class BatchEncoder:
     8-character placeholder in the metadata piece by the hex CRC. The column
     data is then copied once, by the kernel, when the pieces are written, as
     when pyarrow writes a file itself. A batch of at most SMALL_BATCH_MAX_BYTES is
-    encoded without the writer (`_encode_small`: its data copied once, the GIL kept).
+    encoded without the writer (`_encode_small`: from Arrow's serialisation, its data
+    copied once), and so is a batch whose producer's message is given (that message
+    verbatim, not serialised again: nothing copied before the write).
     Thread-safe: the writer is used under a lock, the CRCs are computed outside it. The logs of one schema share one
     encoder (:func:`shared_encoder`).
     """
@@ -526,15 +528,21 @@ class BatchEncoder:
         self._schema_pending = True     # the writer emits the schema with the first batch
 
     def encode(self, items: Sequence[tuple[pa.RecordBatch, BatchHeader]],
-               seal: bool = True) -> list[EncodedMessage]:
+               seal: bool = True, messages: Sequence[pa.Buffer | None] | None = None) -> list[EncodedMessage]:
         """One message per (batch, header). With seal=False the CRCs are left to
-        compute (`msg.seal(msg.body_crc())`), e.g. to size-check first."""
+        compute (`msg.seal(msg.body_crc())`), e.g. to size-check first.
+        ``messages``: per item, the IPC message the batch was read from (a producer's,
+        validated) or None; a plain one (`plain_message`) is stored verbatim with the
+        header's metadata around it, not serialised again."""
         if not self._plain:
             raise InvalidSchemaError(f"batches of schema {self._schema} cannot be stored: dictionary-encoded "
                                      f"columns are not supported (a stored batch is one IPC message)")
         out = []
-        for batch, header in items:
-            plain = _small_serialization(batch)
+        for i, (batch, header) in enumerate(items):
+            message = messages[i] if messages is not None else None
+            plain = plain_message(message) if message is not None else None
+            if plain is None:
+                plain = _small_serialization(batch)
             if plain is not None:
                 msg = _encode_small(batch, header, self._placeholder, plain)
                 out.append(msg.seal(msg.body_crc()) if seal else msg)
@@ -607,29 +615,57 @@ _KV_TABLES = struct.Struct("<" + "iII" * _KV_COUNT)
 _KEY_STRINGS = tuple(_fb_string_bytes(k.encode()) for k in BatchHeader(0, 0, 0).metadata("0" * 8))
 
 
-def _plain_serialization(batch: pa.RecordBatch):
-    """Arrow's own serialisation of ``batch`` and what `_encode_small` needs of it,
-    ``(serialized, metadata bytes, version, RecordBatch table position, body length,
-    body start)``; None if it is not the plain message expected (one RecordBatch
-    Message, no custom metadata, 8-byte aligned, the body right after it)."""
-    ser = batch.serialize()
-    view = memoryview(ser)
+def plain_metadata(meta: bytes) -> tuple[int, int, int, int] | None:
+    """``(version, RecordBatch table position, body length, record count)`` of an
+    IPC message's metadata (its flatbuffer, without the 8-byte prefix) if it is the
+    plain record-batch message `_encode_small` can store with a header of its own:
+    8-byte aligned, a RecordBatch header, a body length that is a multiple of 8 (the
+    next stored message stays aligned), no custom metadata, an uncompressed body (a
+    stored body is what readers map); None otherwise. Reads the flatbuffer by hand,
+    no Arrow call (Arrow's give the GIL up); a malformed one is None too."""
     try:
-        marker, meta_len = _PREFIX.unpack_from(view, 0)
-        meta = view[PREFIX_SIZE:PREFIX_SIZE + meta_len].tobytes()
         f = _fb_fields(meta, _U32(meta, 0)[0]) + (0, 0, 0, 0, 0)
-        if (marker != CONTINUATION or meta_len % 8 or not (f[0] and f[1] and f[2] and f[3]) or f[4]
+        if (len(meta) % 8 or not (f[0] and f[1] and f[2] and f[3]) or f[4]
                 or meta[f[1]] != _MESSAGE_HEADER_RECORD_BATCH):
             return None
         version = _I16(meta, f[0])[0]
         record_batch = f[2] + _U32(meta, f[2])[0]
         body_length = _I64(meta, f[3])[0]
-    except (_Malformed, struct.error):
+        rb = _fb_fields(meta, record_batch) + (0, 0, 0, 0)
+        record_count = _I64(meta, rb[0])[0] if rb[0] else 0
+    except (_Malformed, struct.error, IndexError):
         return None
+    if rb[3] or body_length < 0 or body_length % 8 or record_count < 0:   # rb[3]: compression
+        return None
+    return version, record_batch, body_length, record_count
+
+
+def plain_message(message: pa.Buffer):
+    """What `_encode_small` needs of one serialised record-batch message (Arrow's
+    ``RecordBatch.serialize`` or a producer's stream message, its prefix included),
+    ``(message, metadata bytes, version, RecordBatch table position, body length,
+    body start)``; None if it is not the plain message `plain_metadata` describes
+    with its body right after the metadata."""
+    if message.size < PREFIX_SIZE:
+        return None
+    view = memoryview(message)
+    marker, meta_len = _PREFIX.unpack_from(view, 0)
+    if marker != CONTINUATION or meta_len <= 0 or PREFIX_SIZE + meta_len > message.size:
+        return None
+    meta = view[PREFIX_SIZE:PREFIX_SIZE + meta_len].tobytes()
+    fields = plain_metadata(meta)
+    if fields is None:
+        return None
+    version, record_batch, body_length, _ = fields
     body_start = PREFIX_SIZE + meta_len
-    if body_start + body_length != ser.size:
+    if body_start + body_length != message.size:
         return None
-    return ser, meta, version, record_batch, body_length, body_start
+    return message, meta, version, record_batch, body_length, body_start
+
+
+def _plain_serialization(batch: pa.RecordBatch):
+    """`plain_message` of Arrow's own serialisation of ``batch``."""
+    return plain_message(batch.serialize())
 
 
 def _small_serialization(batch: pa.RecordBatch):
@@ -650,7 +686,9 @@ def _encode_small(batch: pa.RecordBatch, header: BatchHeader, crc_text: str,
     for each write into the Python sink), and beside a busy broker's other threads
     each take-back waits for their switch interval, ~1 ms with one thread running
     Python. A Produce naming thousands of partitions (the retries after a failover)
-    encodes thousands of small batches; ``RecordBatch.serialize`` keeps the GIL.
+    encodes thousands of small batches. ``RecordBatch.serialize`` gives the GIL up
+    too (twice a call, pyarrow 26): a produced batch whose producer's message is at
+    hand is stored from that message (``plain``), without serialising it again.
 
     The metadata is a new Message table (its vtable, the custom_metadata vector,
     its KeyValue tables and strings) followed, 8-byte aligned, by Arrow's metadata

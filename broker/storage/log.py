@@ -502,7 +502,8 @@ class Log:
     # ---- appending -----------------------------------------------------------
     def append(self, batches: Sequence[pa.RecordBatch], leader_epoch: int, producer_id: int = -1,
                producer_epoch: int = -1, base_sequence: int = -1,
-               body_crc32c: Sequence[int] | None = None) -> AppendInfo:
+               body_crc32c: Sequence[int] | None = None,
+               sent_messages: Sequence[pa.Buffer | None] | None = None) -> AppendInfo:
         """Leader append: assign offsets from the log end, stamp `leader_epoch`.
 
         Each non-empty input batch becomes one stored batch. All batches are
@@ -512,7 +513,10 @@ class Log:
         store the batch must equal it, else CorruptRecordError and nothing is
         appended (no pass over the data beyond the log's own, except where
         LogAppendTime replaces the timestamps: then the producer's bodies are
-        hashed first).
+        hashed first). `sent_messages` (a Produce): per batch, the producer's IPC
+        message that batch was read from and validated as, or None; a plain one is
+        stored verbatim with this log's header (`BatchEncoder.encode`), unless
+        LogAppendTime replaces the timestamps.
         """
         # The one schema check of a produce (naming the first wrong column; nullability
         # from the topic), before anything is encoded.
@@ -526,7 +530,10 @@ class Log:
                                                  for b in batches], seal=False)
                 _check_body_crcs([m.body_crc() for m in unsealed], body_crc32c)
                 body_crc32c = None
-        batches = self._prepare(batches)
+        if sent_messages is not None and len(sent_messages) != len(batches):
+            raise InvalidRequestError(f"an append of {len(batches)} batches with {len(sent_messages)} "
+                                      f"messages (one per batch)")
+        batches, sent_messages = self._prepare(batches, sent_messages)
         with self._lock:
             self._check_open()
             first = offset = self._leo
@@ -539,7 +546,7 @@ class Log:
                 offset += batch.num_rows
                 if sequence >= 0:
                     sequence = _next_sequence(sequence, batch.num_rows)
-            messages = self._encoder.encode(items)
+            messages = self._encoder.encode(items, messages=sent_messages)
             if body_crc32c is not None:
                 _check_body_crcs([m.header.crc32c for m in messages], body_crc32c)
             for m in messages:
@@ -555,18 +562,23 @@ class Log:
         self._maybe_flush_by_messages()
         return info
 
-    def _prepare(self, batches: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
-        """The non-empty batches, with the one LogAppendTime stamp of a produce."""
-        out = [batch for batch in batches if batch.num_rows]
-        if not out:
+    def _prepare(self, batches: Sequence[pa.RecordBatch], sent_messages: Sequence[pa.Buffer | None] | None) \
+            -> tuple[list[pa.RecordBatch], list[pa.Buffer | None] | None]:
+        """The non-empty batches, with the one LogAppendTime stamp of a produce, and
+        their producer's messages (none once the timestamps are replaced)."""
+        kept = [j for j, batch in enumerate(batches) if batch.num_rows]
+        if not kept:
             raise InvalidRequestError("an append needs at least one record")
+        out = [batches[j] for j in kept]
+        sent = None if sent_messages is None else [sent_messages[j] for j in kept]
         if self._config.message_timestamp_type == "LogAppendTime":
             now = pa.scalar(self._clock.time_ms(), pa.int64())
             ts_type = self._schema.field(self._ts_index).type
             field = self._schema.field(self._ts_index)
             out = [b.set_column(self._ts_index, field, pa.repeat(now, b.num_rows).view(ts_type))
                    for b in out]
-        return out
+            sent = None
+        return out, sent
 
     def append_raw(self, data: bytes | pa.Buffer | StoredBytes) -> AppendInfo:
         """Follower append of an IPC stream produced by `read_raw` on the leader

@@ -108,7 +108,7 @@ def _reader_decode(data):
 
 
 @pytest.mark.parametrize("shape", ["one", "three", "none", "no end marker", "nested"])
-def test_the_decode_holding_the_gil_reads_what_the_stream_reader_reads(shape):
+def test_the_decode_by_message_reads_what_the_stream_reader_reads(shape):
     schema = R.stored_schema(R.parse_schema("id BIGINT, name STRING, tags ARRAY<STRUCT<k: STRING, v: BINARY>>"))
     rows = [{"id": i, "name": None if i % 2 else "é" * i, "tags": [{"k": "a", "v": None}] * (i % 3),
              "timestamp": i} for i in range(7)]
@@ -116,24 +116,24 @@ def test_the_decode_holding_the_gil_reads_what_the_stream_reader_reads(shape):
     batches = {"one": [b], "three": [b, b.slice(2, 3), b.slice(6)], "none": [], "no end marker": [b, b],
                "nested": [b.slice(1, 4)]}[shape]
     data = _stream(schema, batches, end_marker=shape != "no end marker")
-    fast = R._decode_stream_holding_gil(pa.py_buffer(data))
+    fast = R._decode_stream_by_message(pa.py_buffer(data))
     assert fast is not None
     slow = _reader_decode(data)
     assert fast[0].equals(slow[0]) and len(fast[1]) == len(slow[1]) == len(batches)
     assert all(f.equals(s) for f, s in zip(fast[1], slow[1]))
-    again = R._decode_stream_holding_gil(pa.py_buffer(data))
+    again = R._decode_stream_by_message(pa.py_buffer(data))
     assert again[0] is fast[0]          # the schema message parsed once
     assert R.decode_untrusted(data, "t")[0].equals(schema)
 
 
-def test_streams_the_decode_holding_the_gil_leaves_to_the_stream_reader():
+def test_streams_the_decode_by_message_leaves_to_the_stream_reader():
     """Dictionary columns, bytes after the end marker, a torn message and garbage:
     the reader's path decodes what it can and names the problem of the rest, as
     before the faster decode."""
     dict_schema = pa.schema([("c", pa.dictionary(pa.int8(), pa.string()))])
     dict_batch = pa.record_batch([pa.array(["a", "b", "a"]).dictionary_encode()], schema=dict_schema)
     dict_stream = _stream(dict_schema, [dict_batch])
-    assert R._decode_stream_holding_gil(pa.py_buffer(dict_stream)) is None
+    assert R._decode_stream_by_message(pa.py_buffer(dict_stream)) is None
     assert R.decode_untrusted(dict_stream, "t")[1][0].equals(dict_batch)
     schema = R.stored_schema(R.parse_schema("id BIGINT"))
     good = _stream(schema, [pa.RecordBatch.from_pylist([{"id": 1, "timestamp": 0}], schema=schema)])
@@ -141,7 +141,7 @@ def test_streams_the_decode_holding_the_gil_leaves_to_the_stream_reader():
                         (good[:-20], "not an Arrow IPC stream"),
                         (b"\x00" * 40, "not an Arrow IPC stream"),
                         (b"", "not an Arrow IPC stream")):
-        assert R._decode_stream_holding_gil(pa.py_buffer(data)) is None
+        assert R._decode_stream_by_message(pa.py_buffer(data)) is None
         with pytest.raises(CorruptRecordError, match=error):
             R.decode_untrusted(data, "t-0")
 
@@ -183,6 +183,6 @@ def test_validating_many_streams_names_each_bad_one_and_only_those():
     assert sorted(R.validate_untrusted_many([entries[0], entries[3], entries[2]])) == [1]
     for rows in (2, 0):
         miscounted = _with_record_count(good, rows)
-        assert R._decode_stream_holding_gil(pa.py_buffer(miscounted)) is None
+        assert R._decode_stream_by_message(pa.py_buffer(miscounted)) is None
         with pytest.raises(CorruptRecordError, match="Array length did not match record batch length"):
             R.decode_untrusted(miscounted, "t-9", validate=False)

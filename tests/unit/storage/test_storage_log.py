@@ -157,6 +157,30 @@ def test_append_checks_the_producers_body_crcs_and_appends_nothing_on_a_mismatch
         assert [h.crc32c for h in log.batch_headers(5)] == crcs
 
 
+@pytest.mark.parametrize("timestamp_type", ["CreateTime", "LogAppendTime"])
+def test_a_producers_message_is_stored_verbatim_with_the_logs_header(tmp_path, timestamp_type):
+    """A Produce hands the log, per batch, the producer's IPC message it was read from:
+    the log stores that message's RecordBatch and body as sent (not a serialisation
+    of the batch) with its own header; the same bytes as Arrow's serialisation of the
+    same batch. LogAppendTime replaces the timestamps, so the batch is serialised."""
+    clock = ManualClock(T0 + 10**6)
+    cfg = LogConfig(segment_bytes=4096, message_timestamp_type=timestamp_type)
+    verbatim, serialised = open_log(tmp_path / "a-0", cfg, clock=clock), open_log(tmp_path / "b-0", cfg, clock=clock)
+    batch = make_batch(0, 3)
+    verbatim.append([batch], 0, sent_messages=[batch.serialize()])
+    serialised.append([batch], 0)
+    assert bytes(verbatim.read_raw(0, 10**6).data) == bytes(serialised.read_raw(0, 10**6).data)
+    # Another batch's message of as many rows: what is stored is the message's data.
+    sent = make_batch(3, 3, salt="as sent")
+    info = verbatim.append([make_batch(3, 3)], 0, sent_messages=[sent.serialize()])
+    assert info.record_count == 3
+    stored = read_values(verbatim, 3)
+    assert stored == (values(3, 6, "as sent") if timestamp_type == "CreateTime" else values(3, 6))
+    with pytest.raises(InvalidRequestError, match="one per batch"):
+        verbatim.append([make_batch(6, 1), make_batch(7, 1)], 0, sent_messages=[None])
+    assert verbatim.log_end_offset == 6
+
+
 def test_epoch_cache_follows_appends(tmp_path):
     log = open_log(tmp_path / "t-0")
     fill(log, 2, epoch=1)

@@ -1,0 +1,209 @@
+"""A Produce's records, from the bytes of each partition entry to the batches the
+leader's log appends, with few calls that give the GIL up.
+
+Why: Arrow's IPC reading, validation and serialisation give the GIL up and take it
+back on every call (``read_message`` twice, ``read_record_batch`` four times,
+``RecordBatch.serialize`` twice, in pyarrow 26), and beside a busy broker's other
+threads each take-back waits for their switch interval (~1 ms). A Produce naming
+thousands of partitions (every producer's retry after a failover) made about eight
+such calls a partition; now a small entry makes none here and none in the log's
+encoding, which leaves the segment's open and write.
+
+How: each entry's CRC-32C is checked (:func:`records.check_produced_crc`), then its
+stream is framed here without Arrow (`_frame_plain`): a schema message, then plain
+record-batch messages (:func:`batch_format.plain_metadata`: no custom metadata, no
+compression, aligned), then the end marker or the end. Entries of at most
+``GROUPED_ENTRY_MAX_BYTES`` framed so are grouped by their schema message, and Arrow
+reads each group as one stream made of all their messages (one read, one full
+validation, one combined batch, which each entry's batches are slices of: slicing
+keeps the GIL). Every other entry is decoded alone, zero-copy
+(:func:`records.decode_untrusted`), and validated with the others
+(:func:`records.validate_untrusted_many`); so is every entry of a group Arrow
+refuses, which is how the refusal names its entry and what is wrong.
+
+Each batch travels with the producer's IPC message it was read from when that
+message is plain (its bytes are exactly what Arrow validated), so the log stores
+that message verbatim with its own header, not a serialisation of the batch
+(:meth:`batch_format.BatchEncoder.encode`, ``messages``). Batches of no rows are
+dropped here: a Produce stores none.
+
+Pure functions over bytes; thread-safe.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from replikafka import errors as E
+from replikafka import records as R
+from replikafka.broker.storage import batch_format as bf
+
+# An entry of at most this many bytes is read with the others of its schema (its
+# bytes copied once into their one stream); a larger one is read alone, zero-copy
+# (a few GIL hand-offs are nothing beside its data).
+GROUPED_ENTRY_MAX_BYTES = 64 * 1024
+# The bytes of one group's stream at most (then another group starts): bounds the
+# copy, and keeps the combined batch's 32-bit offsets far from overflowing.
+GROUP_MAX_BYTES = 16 << 20
+
+_PREFIX = struct.Struct("<Ii")
+_END_OF_STREAM = _PREFIX.pack(bf.CONTINUATION, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducedRecords:
+    """One entry's decoded records: its non-empty ``batches`` and, for each, the
+    producer's IPC message it was read from (for the log to store verbatim) or None."""
+    batches: tuple[pa.RecordBatch, ...]
+    sent_messages: tuple[pa.Buffer | None, ...]
+
+
+def decode_produce_entries(entries: list[tuple[bytes, int | None, str]]) \
+        -> list[ProducedRecords | E.ReplikafkaError]:
+    """Per entry ``(records, records_crc32c or None, where)``, in order: its records,
+    or the CorruptRecordError naming what is wrong with its bytes."""
+    out: list = [None] * len(entries)
+    framed: dict[int, tuple[pa.Buffer, list[tuple[int, int, int]]]] = {}
+    groups: dict[bytes, list[list[int]]] = {}     # schema message -> groups of entries
+    group_bytes: dict[bytes, int] = {}
+    alone: list[int] = []
+    for i, (data, crc, where) in enumerate(entries):
+        try:
+            R.check_produced_crc(data, crc, where)
+        except E.ReplikafkaError as exc:
+            out[i] = exc
+            continue
+        buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+        frame = _frame_plain(buf)
+        if frame is None:
+            alone.append(i)
+            continue
+        schema_message, messages = frame
+        framed[i] = (buf, messages)
+        if buf.size > GROUPED_ENTRY_MAX_BYTES or not messages:
+            alone.append(i)
+            continue
+        size = group_bytes.get(schema_message, GROUP_MAX_BYTES)
+        if size + buf.size > GROUP_MAX_BYTES:
+            groups.setdefault(schema_message, []).append([])
+            size = len(schema_message)
+        groups[schema_message][-1].append(i)
+        group_bytes[schema_message] = size + buf.size
+    for schema_message, members_list in groups.items():
+        for members in members_list:
+            batches = _read_group(schema_message, [framed[i] for i in members])
+            if batches is None:
+                alone.extend(members)    # Arrow refused the group: each is decoded alone to name why
+                continue
+            for i, entry_batches in zip(members, batches):
+                out[i] = _records(entry_batches, framed[i])
+    _decode_alone(sorted(alone), entries, framed, out)
+    return out
+
+
+def _decode_alone(indexes: list[int], entries, framed, out: list) -> None:
+    """The entries at ``indexes`` decoded one by one and validated together."""
+    decoded, decoded_entry = [], []
+    for i in indexes:
+        data, _crc, where = entries[i]
+        try:
+            decoded.append((where, *R.decode_untrusted(framed[i][0] if i in framed else data, where,
+                                                       validate=False)))
+            decoded_entry.append(i)
+        except E.ReplikafkaError as exc:
+            out[i] = exc
+    errors = R.validate_untrusted_many(decoded)
+    for j, i in enumerate(decoded_entry):
+        out[i] = errors[j] if j in errors else _records(decoded[j][2], framed.get(i))
+
+
+def _records(batches, frame) -> ProducedRecords:
+    """The entry's non-empty batches with their messages: the framed ones when Arrow
+    read as many batches as were framed, each of the row count framed (else none)."""
+    sent: list = [None] * len(batches)
+    if frame is not None:
+        buf, messages = frame
+        if len(messages) == len(batches) and all(b.num_rows == m[2] for b, m in zip(batches, messages)):
+            sent = [buf.slice(start, end - start) for start, end, _ in messages]
+    kept = [j for j, b in enumerate(batches) if b.num_rows]
+    return ProducedRecords(tuple(batches[j] for j in kept), tuple(sent[j] for j in kept))
+
+
+def _frame_plain(buf: pa.Buffer) -> tuple[bytes, list[tuple[int, int, int]]] | None:
+    """``(the schema message's bytes, [(start, end, record count)] of each record-batch
+    message)`` of a stream that is a schema message, plain record-batch messages
+    (`batch_format.plain_metadata`) and then the end marker or the buffer's end,
+    nothing after; None for any other (Arrow's reader then reads it or names what is
+    wrong). The schema message is not parsed: Arrow reads it with the group."""
+    size = buf.size
+    view = memoryview(buf)
+    if size < 8:
+        return None
+    cont, meta_len = _PREFIX.unpack_from(view, 0)
+    if cont != bf.CONTINUATION or meta_len <= 0 or meta_len % 8 or 8 + meta_len > size:
+        return None
+    pos = 8 + meta_len
+    schema_message = view[:pos].tobytes()
+    messages = []
+    while pos < size:
+        if size - pos < 8:
+            return None
+        cont, meta_len = _PREFIX.unpack_from(view, pos)
+        if cont != bf.CONTINUATION:
+            return None
+        if meta_len == 0:          # the end-of-stream marker: nothing may follow it
+            pos += 8
+            break
+        if meta_len < 0 or meta_len > bf.MAX_METADATA_LENGTH or pos + 8 + meta_len > size:
+            return None
+        fields = bf.plain_metadata(view[pos + 8:pos + 8 + meta_len].tobytes())
+        if fields is None:
+            return None
+        end = pos + 8 + meta_len + fields[2]
+        if end > size:
+            return None
+        messages.append((pos, end, fields[3]))
+        pos = end
+    return (schema_message, messages) if pos == size else None
+
+
+def _read_group(schema_message: bytes, members: list[tuple[pa.Buffer, list[tuple[int, int, int]]]]) \
+        -> list[list[pa.RecordBatch]] | None:
+    """Each member's batches, read by Arrow from one stream of the schema message
+    and every member's messages, fully validated; None if Arrow refuses any of it
+    (or reads other row counts than framed)."""
+    pieces = [schema_message]
+    counts = []
+    for buf, messages in members:
+        view = memoryview(buf)
+        for start, end, count in messages:
+            pieces.append(view[start:end])
+            counts.append(count)
+    pieces.append(_END_OF_STREAM)
+    try:
+        table = ipc.open_stream(pa.py_buffer(b"".join(pieces))).read_all()
+        if table.num_rows != sum(counts) or not len(table.schema):
+            return None
+        # Every column's chunks fully checked (buffer sizes, offsets, null counts,
+        # UTF-8), as each batch's own full validation would.
+        table.validate(full=True)
+        combined = table.combine_chunks().to_batches()
+    except R.ARROW_DECODE_ERRORS:
+        return None
+    if not combined:       # no rows at all: every batch is empty, and a Produce stores none
+        return [[] for _ in members]
+    whole = combined[0]
+    out = []
+    at = 0
+    k = 0
+    for _buf, messages in members:
+        batches = []
+        for _message in messages:
+            batches.append(whole.slice(at, counts[k]))
+            at += counts[k]
+            k += 1
+        out.append(batches)
+    return out
