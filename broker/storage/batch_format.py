@@ -29,8 +29,11 @@ Untrusted bytes (recovery, a follower's append_raw) go through
 flatbuffer reader in this module (it works at any file position, where
 pyarrow's stream reader must start at a schema), and Arrow parses a message
 only after its framing, header and CRC passed. Bytes already validated that
-way are framed by Arrow itself on the read path (`read_trusted`), which is
-several times faster.
+way are framed on the read path by the same reader (`peek_message`), and a
+batch is decoded by Arrow only when a reader needs it (`read_stored_message`):
+a follower's fetch sends the stored messages on without an Arrow call (each
+gives the GIL up and takes it back; beside a busy broker's other threads each
+take-back waits ~1 ms).
 
 Thread-safety: the module functions are pure and thread-safe. A
 ``BatchEncoder`` is thread-safe: its one Arrow stream writer is used under the
@@ -356,21 +359,13 @@ def check_stored_crc(buf, pos: int, limit: int, where: str = "batch") -> None:
                                  f"computed {crc:08x}): the stored batch is damaged")
 
 
-def read_trusted(buf: pa.Buffer, pos: int, limit: int, schema: pa.Schema,
-                 where: str = "batch") -> tuple[pa.RecordBatch, int] | None:
-    """(batch, message size) of the already-validated message at `pos`, framed and
-    decoded by Arrow itself (several times faster than framing in Python); None
-    at end-of-stream. Used on the read path, for bytes that passed `decode_batch`
-    when they were appended or recovered. Zero-copy over `buf`."""
-    meta_len = _metadata_length(buf, pos, limit, where)
-    if meta_len == 0:
-        return None
+def read_stored_message(message: pa.Buffer, schema: pa.Schema, where: str = "batch") -> pa.RecordBatch:
+    """The RecordBatch of one already-validated stored message (``message`` holds it
+    whole), decoded by Arrow, zero-copy; CorruptRecordError if Arrow cannot read it."""
     try:
-        message = pa.ipc.read_message(buf.slice(pos, limit - pos))
-        batch = pa.ipc.read_record_batch(message, schema)
+        return pa.ipc.read_record_batch(message, schema)
     except (pa.ArrowException, OSError, ValueError, TypeError) as e:
         raise CorruptRecordError(f"{where}: Arrow cannot read the batch ({e})") from None
-    return batch, PREFIX_SIZE + meta_len + message.body.size
 
 
 def _as_arrow_buffer(buf) -> pa.Buffer:

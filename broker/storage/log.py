@@ -52,7 +52,7 @@ from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir
 from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
 from .log_config import LogConfig
 from .open_logs import OpenLogs
-from .segment import DATA_SUFFIX, LogSegment
+from .segment import DATA_SUFFIX, LogSegment, StoredBatchRef
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +123,10 @@ class RawReadResult:
         return bytes(self.stored)
 
 
-@dataclass(frozen=True, slots=True)
-class StoredBatch:
-    """One stored batch as `Log.read_stored` returns it: zero-copy over the segment mapping."""
-
-    base_offset: int
-    record_count: int
-    batch: pa.RecordBatch      # decoded without copying: its buffers lie inside `message`
-    message: pa.Buffer         # the stored IPC message, verbatim (metadata + body)
+# One stored batch as `Log.read_stored` returns it: the segment's own reference
+# (`message`: the stored IPC message verbatim, zero-copy over the mapping; `batch`:
+# decoded from it on first use, its buffers inside `message`).
+StoredBatch = StoredBatchRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +236,6 @@ class Log:
         self._config = config
         self._schema = schema
         self._schema_msg = bf.schema_message(schema) if schema_msg is None else schema_msg
-        self._schema_msg_buffer = pa.py_buffer(self._schema_msg)   # a follower's appends compare against it
         self._clock = clock
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
@@ -615,7 +610,8 @@ class Log:
         if limit == 0:
             return []
         pos = len(self._schema_msg)
-        if limit < pos or not buf.slice(0, pos).equals(self._schema_msg_buffer):
+        # A memoryview comparison keeps the GIL (``Buffer.equals`` gives it up and takes it back).
+        if limit < pos or memoryview(buf).cast("B")[:pos] != self._schema_msg:
             # Not this log's own schema message, byte for byte (the leader's log was written
             # with the same one): parse it, and refuse it unless the schemas are equal.
             schema, pos = bf.read_schema_message(buf, limit, "append_raw data")
@@ -818,7 +814,7 @@ class Log:
                 for ref in seg.batches_from(offset, end, verify_crc=True):  # readers never get a rotten batch
                     if out and size + ref.size > max_bytes:
                         return StoredReadResult(out, min(offset, end), size)
-                    out.append(StoredBatch(ref.base_offset, ref.record_count, ref.batch, seg.message(ref)))
+                    out.append(ref)
                     size += ref.size
                     offset = ref.base_offset + ref.record_count
             except CorruptRecordError:

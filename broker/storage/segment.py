@@ -81,15 +81,25 @@ def segment_file_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
-@dataclass(frozen=True, slots=True)
 class StoredBatchRef:
-    """One stored batch of a segment: where it lies, and its RecordBatch (zero-copy)."""
+    """One stored batch of a segment: where it lies, its stored message (zero-copy
+    over the mapping) and, decoded by Arrow on first use, its RecordBatch (zero-copy
+    too). A reader that only sends the message on (a follower's fetch) never decodes
+    it: each Arrow call gives the GIL up and takes it back. Thread-safe: two threads
+    decoding at once each get an equal batch, and one of them is kept."""
 
-    base_offset: int
-    record_count: int
-    position: int
-    size: int
-    batch: pa.RecordBatch
+    __slots__ = ("base_offset", "record_count", "position", "size", "message", "_schema", "_batch")
+
+    def __init__(self, base_offset: int, record_count: int, position: int, size: int, message: pa.Buffer,
+                 schema: pa.Schema):
+        self.base_offset, self.record_count, self.position, self.size = base_offset, record_count, position, size
+        self.message, self._schema, self._batch = message, schema, None
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        if self._batch is None:
+            self._batch = bf.read_stored_message(self.message, self._schema, f"batch at offset {self.base_offset}")
+        return self._batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,8 +489,10 @@ class LogSegment:
         """Stored batches from the one containing `offset`, stopping before `end_offset`
         and before position `limit` (default: the committed data end).
 
-        Starts at the offset index entry at or below `offset` and frames forward
-        with Arrow (the bytes were validated when appended or recovered). With
+        Starts at the offset index entry at or below `offset` and frames forward by
+        the stored messages' metadata (`batch_format.peek_message`; the bytes were
+        validated when appended or recovered); a batch is decoded only when its
+        ``batch`` is used. With
         `verify_crc`, each batch yielded is first checked against its stored CRC
         (bit rot since then raises CorruptRecordError, not a crash further on),
         unless it was already checked under this mapping (module doc)."""
@@ -498,16 +510,15 @@ class LogSegment:
         buf = self._map(limit)
         schema = self.schema
         while pos < limit and base < end_offset:
-            got = bf.read_trusted(buf, pos, limit, schema, f"{self.path} position {pos}")
-            if got is None:
+            info = bf.peek_message(buf, pos, limit, f"{self.path} position {pos}")
+            if info is None:
                 return
-            batch, size = got
-            n = batch.num_rows
+            size, n = info.size, info.record_count
             if base + n > offset:
                 if verify_crc and not verified.covers(pos, pos + size):
                     bf.check_stored_crc(buf, pos, pos + size, f"{self.path} position {pos} (batch at offset {base})")
                     verified.add(pos, pos + size, generation)
-                yield StoredBatchRef(base, n, pos, size, batch)
+                yield StoredBatchRef(base, n, pos, size, buf.slice(pos, size), schema)
             base += n
             pos += size
 
@@ -518,10 +529,6 @@ class LogSegment:
         if got is None:
             raise CorruptRecordError(f"{self.path} position {ref.position}: end-of-stream marker")
         return got[0]
-
-    def message(self, ref: StoredBatchRef) -> pa.Buffer:
-        """The stored message bytes, zero-copy over the mapping."""
-        return self._map(ref.position + ref.size).slice(ref.position, ref.size)
 
     # ---- truncation ------------------------------------------------------------
     def truncate_to(self, offset: int, encoder: bf.BatchEncoder) -> "LogSegment":

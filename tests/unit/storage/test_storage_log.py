@@ -229,7 +229,7 @@ def test_append_raw_of_read_raw_reproduces_identical_bytes(tmp_path):
     assert follower_files == leader_files      # same config: byte-identical segments
 
 
-def test_append_raw_takes_the_logs_own_schema_message_as_is_and_parses_any_other(tmp_path):
+def test_append_raw_takes_the_logs_own_schema_message_as_is_and_parses_any_other(tmp_path, monkeypatch):
     """A follower's append compares the stream's schema message with its log's own, byte
     for byte; another one is parsed: accepted when the schemas are equal but for their
     metadata, refused (nothing written) when they differ, torn ones named."""
@@ -239,6 +239,11 @@ def test_append_raw_takes_the_logs_own_schema_message_as_is_and_parses_any_other
     own = bf.schema_message(SCHEMA)
     assert raw.startswith(own)
     batches = raw[len(own):]
+    parsed = []
+    real_parse = bf.read_schema_message
+    monkeypatch.setattr(bf, "read_schema_message", lambda *a: parsed.append(1) or real_parse(*a))
+    assert open_log(tmp_path / "own" / "t-0").append_raw(pa.py_buffer(raw)).record_count == 15
+    assert parsed == []                       # its own schema message, bytes over 0x7f included: not parsed
     follower = open_log(tmp_path / "b" / "t-0")
     tagged = bf.schema_message(SCHEMA.with_metadata({"origin": "another writer"}))
     assert tagged != own
@@ -251,6 +256,24 @@ def test_append_raw_takes_the_logs_own_schema_message_as_is_and_parses_any_other
     with pytest.raises(CorruptRecordError, match="torn schema message"):
         follower.append_raw(own[:len(own) // 2])
     assert follower.log_end_offset == 0
+    assert len(parsed) == 3
+
+
+def test_a_raw_read_sends_the_stored_messages_without_decoding_them(tmp_path, monkeypatch):
+    """A follower's fetch (`read_raw`) frames the stored messages by their metadata and
+    sends them on: no batch is decoded by Arrow (each Arrow call gives the GIL up);
+    a consumer's read decodes the batches it returns, each once."""
+    log = open_log(tmp_path / "t-0")
+    fill(log, 6)
+    decoded = []
+    real_decode = bf.read_stored_message
+    monkeypatch.setattr(bf, "read_stored_message", lambda *a: decoded.append(1) or real_decode(*a))
+    raw = log.read_raw(0, 10**6)
+    assert raw.record_count > 0 and decoded == []
+    stored = log.read_stored(0, 10**6)
+    assert [b.batch.num_rows for b in stored.batches] == [b.batch.num_rows for b in stored.batches]
+    assert len(decoded) == len(stored.batches)
+    assert read_values(log) == values(0, 30)
 
 
 def test_read_raw_starts_at_the_batch_holding_the_offset(tmp_path):

@@ -51,7 +51,8 @@ def test_append_and_read_back(tmp_path):
     assert [(r.base_offset, r.record_count) for r in refs] == [(103, 4), (107, 5)]
     assert all_values(seg) == [f"value-{o}".encode() for o in range(100, 112)]
     assert seg.read_header(refs[0]).leader_epoch == 1
-    assert seg.message(refs[0]).size == refs[0].size
+    assert refs[0].message.size == refs[0].size and refs[0].message.equals(seg.buffer().slice(refs[0].position,
+                                                                                             refs[0].size))
 
 
 def test_index_entries_are_added_every_interval(tmp_path):
