@@ -38,8 +38,10 @@ def _decode_entries(entries):
         if where.startswith(TRUSTED_PREFIX):      # where: "<topic>-<partition>"
             buf = pa.py_buffer(data)
             framed = produce_decoding._frame_plain(buf)
-            out[i] = produce_decoding._records(records.decode_stream(buf)[1],
-                                               None if framed is None else (buf, framed[1]))
+            batches = records.decode_stream(buf)[1]
+            sent = framed[1] if framed is not None and len(framed[1]) == len(batches) else [None] * len(batches)
+            kept = [j for j, b in enumerate(batches) if b.num_rows]
+            out[i] = produce_decoding.ProducedRecords(tuple(batches[j] for j in kept), tuple(sent[j] for j in kept))
     return out
 
 

@@ -56,9 +56,10 @@ _END_OF_STREAM = _PREFIX.pack(bf.CONTINUATION, 0)
 @dataclass(frozen=True, slots=True)
 class ProducedRecords:
     """One entry's decoded records: its non-empty ``batches`` and, for each, the
-    producer's IPC message it was read from (for the log to store verbatim) or None."""
+    producer's message it was read from (`batch_format.PlainMessage`, for the log to
+    store verbatim) or None."""
     batches: tuple[pa.RecordBatch, ...]
-    sent_messages: tuple[pa.Buffer | None, ...]
+    sent_messages: tuple[bf.PlainMessage | None, ...]
 
 
 def decode_produce_entries(entries: list[tuple[bytes, int | None, str]]) \
@@ -66,7 +67,7 @@ def decode_produce_entries(entries: list[tuple[bytes, int | None, str]]) \
     """Per entry ``(records, records_crc32c or None, where)``, in order: its records,
     or the CorruptRecordError naming what is wrong with its bytes."""
     out: list = [None] * len(entries)
-    framed: dict[int, tuple[pa.Buffer, list[tuple[int, int, int]]]] = {}
+    framed: dict[int, tuple[pa.Buffer, list[bf.PlainMessage]]] = {}
     groups: dict[bytes, list[list[int]]] = {}     # schema message -> groups of entries
     group_bytes: dict[bytes, int] = {}
     alone: list[int] = []
@@ -94,18 +95,22 @@ def decode_produce_entries(entries: list[tuple[bytes, int | None, str]]) \
         group_bytes[schema_message] = size + buf.size
     for schema_message, members_list in groups.items():
         for members in members_list:
-            batches = _read_group(schema_message, [framed[i] for i in members])
+            batches = _read_group(schema_message, [framed[i][1] for i in members])
             if batches is None:
                 alone.extend(members)    # Arrow refused the group: each is decoded alone to name why
                 continue
             for i, entry_batches in zip(members, batches):
-                out[i] = _records(entry_batches, framed[i])
+                messages = framed[i][1]
+                kept = [j for j, m in enumerate(messages) if m.record_count]
+                out[i] = ProducedRecords(tuple(entry_batches[j] for j in kept), tuple(messages[j] for j in kept))
     _decode_alone(sorted(alone), entries, framed, out)
     return out
 
 
 def _decode_alone(indexes: list[int], entries, framed, out: list) -> None:
-    """The entries at ``indexes`` decoded one by one and validated together."""
+    """The entries at ``indexes`` decoded one by one and validated together; each
+    batch keeps its framed message if Arrow read as many batches, each of the row
+    count framed."""
     decoded, decoded_entry = [], []
     for i in indexes:
         data, _crc, where = entries[i]
@@ -117,31 +122,27 @@ def _decode_alone(indexes: list[int], entries, framed, out: list) -> None:
             out[i] = exc
     errors = R.validate_untrusted_many(decoded)
     for j, i in enumerate(decoded_entry):
-        out[i] = errors[j] if j in errors else _records(decoded[j][2], framed.get(i))
+        if j in errors:
+            out[i] = errors[j]
+            continue
+        batches = decoded[j][2]
+        messages = framed[i][1] if i in framed else ()
+        if len(messages) != len(batches) or any(b.num_rows != m.record_count for b, m in zip(batches, messages)):
+            messages = [None] * len(batches)
+        kept = [k for k, b in enumerate(batches) if b.num_rows]
+        out[i] = ProducedRecords(tuple(batches[k] for k in kept), tuple(messages[k] for k in kept))
 
 
-def _records(batches, frame) -> ProducedRecords:
-    """The entry's non-empty batches with their messages: the framed ones when Arrow
-    read as many batches as were framed, each of the row count framed (else none)."""
-    sent: list = [None] * len(batches)
-    if frame is not None:
-        buf, messages = frame
-        if len(messages) == len(batches) and all(b.num_rows == m[2] for b, m in zip(batches, messages)):
-            sent = [buf.slice(start, end - start) for start, end, _ in messages]
-    kept = [j for j, b in enumerate(batches) if b.num_rows]
-    return ProducedRecords(tuple(batches[j] for j in kept), tuple(sent[j] for j in kept))
-
-
-def _frame_plain(buf: pa.Buffer) -> tuple[bytes, list[tuple[int, int, int]]] | None:
-    """``(the schema message's bytes, [(start, end, record count)] of each record-batch
-    message)`` of a stream that is a schema message, plain record-batch messages
-    (`batch_format.plain_metadata`) and then the end marker or the buffer's end,
-    nothing after; None for any other (Arrow's reader then reads it or names what is
-    wrong). The schema message is not parsed: Arrow reads it with the group."""
+def _frame_plain(buf: pa.Buffer) -> tuple[bytes, list[bf.PlainMessage]] | None:
+    """``(the schema message's bytes, each record-batch message)`` of a stream that is a
+    schema message, plain record-batch messages (`batch_format.plain_message_at`)
+    and then the end marker or the buffer's end, nothing after; None for any other
+    (Arrow's reader then reads it or names what is wrong). The schema message is
+    not parsed: Arrow reads it with the group."""
     size = buf.size
-    view = memoryview(buf)
     if size < 8:
         return None
+    view = memoryview(buf)
     cont, meta_len = _PREFIX.unpack_from(view, 0)
     if cont != bf.CONTINUATION or meta_len <= 0 or meta_len % 8 or 8 + meta_len > size:
         return None
@@ -149,43 +150,31 @@ def _frame_plain(buf: pa.Buffer) -> tuple[bytes, list[tuple[int, int, int]]] | N
     schema_message = view[:pos].tobytes()
     messages = []
     while pos < size:
-        if size - pos < 8:
-            return None
-        cont, meta_len = _PREFIX.unpack_from(view, pos)
-        if cont != bf.CONTINUATION:
-            return None
-        if meta_len == 0:          # the end-of-stream marker: nothing may follow it
+        if size - pos >= 8 and _PREFIX.unpack_from(view, pos) == (bf.CONTINUATION, 0):   # the end marker
             pos += 8
             break
-        if meta_len < 0 or meta_len > bf.MAX_METADATA_LENGTH or pos + 8 + meta_len > size:
+        plain = bf.plain_message_at(buf, view, pos, size)
+        if plain is None:
             return None
-        fields = bf.plain_metadata(view[pos + 8:pos + 8 + meta_len].tobytes())
-        if fields is None:
-            return None
-        end = pos + 8 + meta_len + fields[2]
-        if end > size:
-            return None
-        messages.append((pos, end, fields[3]))
-        pos = end
+        messages.append(plain)
+        pos += plain.message.size
     return (schema_message, messages) if pos == size else None
 
 
-def _read_group(schema_message: bytes, members: list[tuple[pa.Buffer, list[tuple[int, int, int]]]]) \
-        -> list[list[pa.RecordBatch]] | None:
-    """Each member's batches, read by Arrow from one stream of the schema message
-    and every member's messages, fully validated; None if Arrow refuses any of it
-    (or reads other row counts than framed)."""
+def _read_group(schema_message: bytes, members: list[list[bf.PlainMessage]]) -> list[list[pa.RecordBatch]] | None:
+    """Each member's batches (one per message), read by Arrow from one stream of the
+    schema message and every member's messages, fully validated; None if Arrow
+    refuses any of it (or reads another number of rows than framed)."""
     pieces = [schema_message]
-    counts = []
-    for buf, messages in members:
-        view = memoryview(buf)
-        for start, end, count in messages:
-            pieces.append(view[start:end])
-            counts.append(count)
+    rows = 0
+    for messages in members:
+        for m in messages:
+            pieces.append(m.message)
+            rows += m.record_count
     pieces.append(_END_OF_STREAM)
     try:
         table = ipc.open_stream(pa.py_buffer(b"".join(pieces))).read_all()
-        if table.num_rows != sum(counts) or not len(table.schema):
+        if table.num_rows != rows or not len(table.schema):
             return None
         # Every column's chunks fully checked (buffer sizes, offsets, null counts,
         # UTF-8), as each batch's own full validation would.
@@ -193,17 +182,14 @@ def _read_group(schema_message: bytes, members: list[tuple[pa.Buffer, list[tuple
         combined = table.combine_chunks().to_batches()
     except R.ARROW_DECODE_ERRORS:
         return None
-    if not combined:       # no rows at all: every batch is empty, and a Produce stores none
-        return [[] for _ in members]
-    whole = combined[0]
+    whole = combined[0] if combined else None
     out = []
     at = 0
-    k = 0
-    for _buf, messages in members:
+    for messages in members:
         batches = []
-        for _message in messages:
-            batches.append(whole.slice(at, counts[k]))
-            at += counts[k]
-            k += 1
+        for m in messages:
+            # No rows at all: nothing to slice (and a Produce stores no empty batch).
+            batches.append(whole.slice(at, m.record_count) if whole is not None else None)
+            at += m.record_count
         out.append(batches)
     return out

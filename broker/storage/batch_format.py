@@ -46,7 +46,7 @@ import struct
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import crc32c as _crc32c
 import numpy as np
@@ -526,16 +526,15 @@ class BatchEncoder:
                seal: bool = True, messages: Sequence[pa.Buffer | None] | None = None) -> list[EncodedMessage]:
         """One message per (batch, header). With seal=False the CRCs are left to
         compute (`msg.seal(msg.body_crc())`), e.g. to size-check first.
-        ``messages``: per item, the IPC message the batch was read from (a producer's,
-        validated) or None; a plain one (`plain_message`) is stored verbatim with the
-        header's metadata around it, not serialised again."""
+        ``messages``: per item, the `PlainMessage` the batch was read from (a
+        producer's, validated) or None; it is stored verbatim with the header's
+        metadata around it, not serialised again."""
         if not self._plain:
             raise InvalidSchemaError(f"batches of schema {self._schema} cannot be stored: dictionary-encoded "
                                      f"columns are not supported (a stored batch is one IPC message)")
         out = []
         for i, (batch, header) in enumerate(items):
-            message = messages[i] if messages is not None else None
-            plain = plain_message(message) if message is not None else None
+            plain = messages[i] if messages is not None else None
             if plain is None:
                 plain = _small_serialization(batch)
             if plain is not None:
@@ -610,55 +609,75 @@ _KV_TABLES = struct.Struct("<" + "iII" * _KV_COUNT)
 _KEY_STRINGS = tuple(_fb_string_bytes(k.encode()) for k in BatchHeader(0, 0, 0).metadata("0" * 8))
 
 
-def plain_metadata(meta: bytes) -> tuple[int, int, int, int] | None:
-    """``(version, RecordBatch table position, body length, record count)`` of an
-    IPC message's metadata (its flatbuffer, without the 8-byte prefix) if it is the
-    plain record-batch message `_encode_small` can store with a header of its own:
-    8-byte aligned, a RecordBatch header, a body length that is a multiple of 8 (the
-    next stored message stays aligned), no custom metadata, an uncompressed body (a
-    stored body is what readers map); None otherwise. Reads the flatbuffer by hand,
-    no Arrow call (Arrow's give the GIL up); a malformed one is None too."""
+class PlainMessage(NamedTuple):
+    """One serialised record-batch message `_encode_small` can store with a header of
+    its own (Arrow's ``RecordBatch.serialize`` or a producer's stream message):
+    8-byte aligned metadata with a RecordBatch header, no custom metadata, an
+    uncompressed body (a stored body is what readers map) whose length is a multiple
+    of 8 (the next stored message stays aligned), right after the metadata."""
+    message: pa.Buffer       # the whole message, its 8-byte prefix included
+    meta: bytes              # its flatbuffer metadata
+    version: int             # the Message table's fields
+    record_batch: int        # position of the RecordBatch table in `meta`
+    body_length: int
+    record_count: int        # the RecordBatch's length
+
+    @property
+    def body(self) -> pa.Buffer:
+        return self.message.slice(PREFIX_SIZE + len(self.meta))
+
+
+_U16X4 = struct.Struct("<4H").unpack_from
+
+
+def plain_message_at(buf: pa.Buffer, view: memoryview, pos: int, limit: int) -> PlainMessage | None:
+    """The `PlainMessage` at ``pos`` of ``buf`` (``view``: its memoryview; bytes below
+    ``limit`` are valid), or None if what is there is not one, or not whole. Reads
+    the flatbuffer by hand, no Arrow call (each gives the GIL up); bounds-checked
+    (a malformed one is None too)."""
+    if limit - pos < PREFIX_SIZE:
+        return None
+    marker, meta_len = _PREFIX.unpack_from(view, pos)
+    if marker != CONTINUATION or meta_len <= 0 or meta_len % 8 or meta_len > MAX_METADATA_LENGTH \
+            or pos + PREFIX_SIZE + meta_len > limit:
+        return None
+    meta = view[pos + PREFIX_SIZE:pos + PREFIX_SIZE + meta_len].tobytes()
     try:
-        f = _fb_fields(meta, _U32(meta, 0)[0]) + (0, 0, 0, 0, 0)
-        if (len(meta) % 8 or not (f[0] and f[1] and f[2] and f[3]) or f[4]
-                or meta[f[1]] != _MESSAGE_HEADER_RECORD_BATCH):
+        # The Message table: version, header_type, header, bodyLength, custom_metadata.
+        table = _U32(meta, 0)[0]
+        vtable = table - _I32(meta, table)[0]
+        vt_size = _U16(meta, vtable)[0] if vtable >= 0 else 0
+        if vt_size < 12 or vt_size % 2:
             return None
-        version = _I16(meta, f[0])[0]
-        record_batch = f[2] + _U32(meta, f[2])[0]
-        body_length = _I64(meta, f[3])[0]
-        rb = _fb_fields(meta, record_batch) + (0, 0, 0, 0)
-        record_count = _I64(meta, rb[0])[0] if rb[0] else 0
+        f_version, f_type, f_header, f_body = _U16X4(meta, vtable + 4)
+        f_custom = _U16(meta, vtable + 12)[0] if vt_size >= 14 else 0
+        if not (f_version and f_type and f_header and f_body) or f_custom \
+                or meta[table + f_type] != _MESSAGE_HEADER_RECORD_BATCH:
+            return None
+        version = _I16(meta, table + f_version)[0]
+        header_at = table + f_header
+        record_batch = header_at + _U32(meta, header_at)[0]
+        body_length = _I64(meta, table + f_body)[0]
+        # The RecordBatch table: length, nodes, buffers, compression, ...
+        rb = _fb_fields(meta, record_batch)
+        record_count = _I64(meta, rb[0])[0] if rb and rb[0] else 0
+        compressed = len(rb) > 3 and rb[3]
     except (_Malformed, struct.error, IndexError):
         return None
-    if rb[3] or body_length < 0 or body_length % 8 or record_count < 0:   # rb[3]: compression
+    end = pos + PREFIX_SIZE + meta_len + body_length
+    if compressed or body_length < 0 or body_length % 8 or record_count < 0 or end > limit:
         return None
-    return version, record_batch, body_length, record_count
+    return PlainMessage(buf.slice(pos, end - pos), meta, version, record_batch, body_length, record_count)
 
 
-def plain_message(message: pa.Buffer):
-    """What `_encode_small` needs of one serialised record-batch message (Arrow's
-    ``RecordBatch.serialize`` or a producer's stream message, its prefix included),
-    ``(message, metadata bytes, version, RecordBatch table position, body length,
-    body start)``; None if it is not the plain message `plain_metadata` describes
-    with its body right after the metadata."""
-    if message.size < PREFIX_SIZE:
-        return None
-    view = memoryview(message)
-    marker, meta_len = _PREFIX.unpack_from(view, 0)
-    if marker != CONTINUATION or meta_len <= 0 or PREFIX_SIZE + meta_len > message.size:
-        return None
-    meta = view[PREFIX_SIZE:PREFIX_SIZE + meta_len].tobytes()
-    fields = plain_metadata(meta)
-    if fields is None:
-        return None
-    version, record_batch, body_length, _ = fields
-    body_start = PREFIX_SIZE + meta_len
-    if body_start + body_length != message.size:
-        return None
-    return message, meta, version, record_batch, body_length, body_start
+def plain_message(message: pa.Buffer) -> PlainMessage | None:
+    """``message`` (one serialised message, whole) as a `PlainMessage`; None if it is
+    not one or holds bytes after it."""
+    plain = plain_message_at(message, memoryview(message), 0, message.size)
+    return plain if plain is not None and plain.message.size == message.size else None
 
 
-def _plain_serialization(batch: pa.RecordBatch):
+def _plain_serialization(batch: pa.RecordBatch) -> PlainMessage | None:
     """`plain_message` of Arrow's own serialisation of ``batch``."""
     return plain_message(batch.serialize())
 
@@ -670,7 +689,7 @@ def _small_serialization(batch: pa.RecordBatch):
 
 
 def _encode_small(batch: pa.RecordBatch, header: BatchHeader, crc_text: str,
-                  plain: tuple | None = None) -> EncodedMessage | None:
+                  plain: PlainMessage | None = None) -> EncodedMessage | None:
     """An unsealed message of `batch` (the same bytes a reader sees as the stream
     writer's: the same body, the same RecordBatch header, the header's custom
     metadata), built from Arrow's own serialisation of the batch and a Message
@@ -695,7 +714,7 @@ def _encode_small(batch: pa.RecordBatch, header: BatchHeader, crc_text: str,
     plain = _plain_serialization(batch) if plain is None else plain
     if plain is None:
         return None
-    ser, meta, version, record_batch, body_length, body_start = plain
+    meta, version, record_batch, body_length = plain.meta, plain.version, plain.record_batch, plain.body_length
     strings = []
     offsets = []
     pos = _STRINGS_AT
@@ -714,7 +733,7 @@ def _encode_small(batch: pa.RecordBatch, header: BatchHeader, crc_text: str,
         _VECTOR_AND_KV_VTABLE, _KV_TABLES.pack(*offsets), *strings, b"\0" * (arrow_at - pos), meta))
     head = _PREFIX.pack(CONTINUATION, len(new_meta)) + new_meta
     crc_at = head.find(CRC_PLACEHOLDER)
-    return EncodedMessage(header, (head,), (ser.slice(body_start),),
+    return EncodedMessage(header, (head,), (plain.body,),
                           len(head) + body_length, (0, crc_at), False)
 
 
@@ -748,8 +767,7 @@ def body_crc32c(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> list[in
     for b in batches:
         plain = _small_serialization(b) if storable else None
         if plain is not None:
-            ser, body_start = plain[0], plain[5]
-            out.append(_crc32c.crc32c(memoryview(ser)[body_start:]))
+            out.append(_crc32c.crc32c(plain.body))
         else:
             [msg] = shared_encoder(schema).encode([(b, BatchHeader(0, 0, -1))], seal=False)
             out.append(msg.body_crc())

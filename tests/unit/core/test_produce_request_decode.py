@@ -85,10 +85,12 @@ def test_small_entries_of_one_schema_are_read_by_arrow_once_and_keep_the_produce
         assert [b.equals(e) for b, e in zip(p.batches, [kafka.slice(i % 3), kafka])] == [True, True]
         spans = _message_spans(payloads[i])
         assert len(spans) == 3
-        assert [bytes(m) for m in p.sent_messages] == [payloads[i][s:e] for s, e in (spans[0], spans[2])]
+        assert [m.message.to_pybytes() for m in p.sent_messages] == [payloads[i][s:e]
+                                                                     for s, e in (spans[0], spans[2])]
     [typed_got] = got.partitions[-1].batches
     assert typed_got.equals(typed)
-    assert bytes(got.partitions[-1].sent_messages[0]) == typed_payload[slice(*_message_spans(typed_payload)[0])]
+    typed_message = typed_payload[slice(*_message_spans(typed_payload)[0])]
+    assert got.partitions[-1].sent_messages[0].message.to_pybytes() == typed_message
 
 
 def test_a_large_entry_and_a_stream_arrow_must_frame_are_decoded_alone(monkeypatch):
@@ -104,7 +106,8 @@ def test_a_large_entry_and_a_stream_arrow_must_frame_are_decoded_alone(monkeypat
     dict_stream = R.encode_stream(dict_schema, [dict_batch]).to_pybytes()
     [a, b] = produce_decoding.decode_produce_entries([(big, R.records_crc32c(big), "k-0"),
                                                       (dict_stream, R.records_crc32c(dict_stream), "d-0")])
-    assert a.batches[0].equals(kafka) and bytes(a.sent_messages[0]) == big[slice(*_message_spans(big)[0])]
+    assert a.batches[0].equals(kafka)
+    assert a.sent_messages[0].message.to_pybytes() == big[slice(*_message_spans(big)[0])]
     assert b.batches[0].equals(dict_batch) and b.sent_messages == (None,)
 
 

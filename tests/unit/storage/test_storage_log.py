@@ -167,12 +167,12 @@ def test_a_producers_message_is_stored_verbatim_with_the_logs_header(tmp_path, t
     cfg = LogConfig(segment_bytes=4096, message_timestamp_type=timestamp_type)
     verbatim, serialised = open_log(tmp_path / "a-0", cfg, clock=clock), open_log(tmp_path / "b-0", cfg, clock=clock)
     batch = make_batch(0, 3)
-    verbatim.append([batch], 0, sent_messages=[batch.serialize()])
+    verbatim.append([batch], 0, sent_messages=[bf.plain_message(batch.serialize())])
     serialised.append([batch], 0)
     assert bytes(verbatim.read_raw(0, 10**6).data) == bytes(serialised.read_raw(0, 10**6).data)
     # Another batch's message of as many rows: what is stored is the message's data.
     sent = make_batch(3, 3, salt="as sent")
-    info = verbatim.append([make_batch(3, 3)], 0, sent_messages=[sent.serialize()])
+    info = verbatim.append([make_batch(3, 3)], 0, sent_messages=[bf.plain_message(sent.serialize())])
     assert info.record_count == 3
     stored = read_values(verbatim, 3)
     assert stored == (values(3, 6, "as sent") if timestamp_type == "CreateTime" else values(3, 6))
