@@ -780,12 +780,12 @@ class Log:
 
     def _read_view(self, view: _View, start: int, max_bytes: int, max_offset: int | None,
                    projection: list[str] | None) -> LogReadResult:
-        stored = self._read_stored_view(view, start, max_bytes, max_offset)
+        stored = self._read_stored_view(view, start, max_bytes, max_offset, True)
         batches = [b.batch for b in clip_stored(stored.batches, start, stored.end_offset, projection)]
         return LogReadResult(batches, start, max(stored.end_offset - start, 0), stored.size_bytes)
 
     def read_stored(self, start_offset: int, max_bytes: int,
-                    max_offset_exclusive: int | None = None) -> StoredReadResult:
+                    max_offset_exclusive: int | None = None, decode: bool = True) -> StoredReadResult:
         """The stored batches holding [start_offset, max_offset_exclusive) (default: to
         the log end), whole and verbatim: zero-copy slices of the segments' mappings.
         The one read path: consumers' and followers' fetches and Flight all read here.
@@ -796,12 +796,14 @@ class Log:
         returns at least one. start == max offset gives none; start below the log
         start or above the log end raises OffsetOutOfRangeError. Each batch is checked
         against its stored CRC: the read stops before a damaged one, and a read that
-        starts at one raises CorruptRecordError naming its offset."""
+        starts at one raises CorruptRecordError naming its offset. ``decode=False``: for
+        a reader that sends the messages on (`read_raw`), each batch is decoded only
+        if its ``batch`` is used (`LogSegment.batches_from`)."""
         return self._on_current_view(lambda view: self._read_stored_view(view, start_offset, max_bytes,
-                                                                         max_offset_exclusive))
+                                                                         max_offset_exclusive, decode))
 
     def _read_stored_view(self, view: _View, start: int, max_bytes: int,
-                          max_offset: int | None) -> StoredReadResult:
+                          max_offset: int | None, decode: bool) -> StoredReadResult:
         self._check_range(start, view)
         end = view.log_end if max_offset is None else min(max_offset, view.log_end)
         out: list[StoredBatch] = []
@@ -811,7 +813,7 @@ class Log:
             if offset >= end:
                 break
             try:
-                for ref in seg.batches_from(offset, end, verify_crc=True):  # readers never get a rotten batch
+                for ref in seg.batches_from(offset, end, verify_crc=True, decode=decode):  # never a rotten batch
                     if out and size + ref.size > max_bytes:
                         return StoredReadResult(out, min(offset, end), size)
                     out.append(ref)
@@ -829,7 +831,7 @@ class Log:
         """Whole stored batch messages from the one containing `start_offset`, as an
         IPC stream (schema message first) for replica fetch; at least one batch.
         At the log end: data b"" and record_count 0."""
-        stored = self.read_stored(start_offset, max_bytes)
+        stored = self.read_stored(start_offset, max_bytes, decode=False)
         if not stored.batches:
             return RawReadResult(StoredBytes(), start_offset, 0, -1)
         # The last batch's epoch from the epoch cache (built from the same headers),

@@ -83,17 +83,17 @@ def segment_file_name(base_offset: int) -> str:
 
 class StoredBatchRef:
     """One stored batch of a segment: where it lies, its stored message (zero-copy
-    over the mapping) and, decoded by Arrow on first use, its RecordBatch (zero-copy
-    too). A reader that only sends the message on (a follower's fetch) never decodes
-    it: each Arrow call gives the GIL up and takes it back. Thread-safe: two threads
+    over the mapping) and its RecordBatch (zero-copy too), decoded as it was framed
+    or, for a reader that sends the message on (a follower's fetch), by Arrow on
+    first use only: each Arrow call gives the GIL up and takes it back. Thread-safe: two threads
     decoding at once each get an equal batch, and one of them is kept."""
 
     __slots__ = ("base_offset", "record_count", "position", "size", "message", "_schema", "_batch")
 
     def __init__(self, base_offset: int, record_count: int, position: int, size: int, message: pa.Buffer,
-                 schema: pa.Schema):
+                 schema: pa.Schema, batch: pa.RecordBatch | None = None):
         self.base_offset, self.record_count, self.position, self.size = base_offset, record_count, position, size
-        self.message, self._schema, self._batch = message, schema, None
+        self.message, self._schema, self._batch = message, schema, batch
 
     @property
     def batch(self) -> pa.RecordBatch:
@@ -485,14 +485,16 @@ class LogSegment:
         return self._map(self.size).slice(0, self.size)
 
     def batches_from(self, offset: int, end_offset: int | None = None,
-                     limit: int | None = None, verify_crc: bool = False) -> Iterator[StoredBatchRef]:
+                     limit: int | None = None, verify_crc: bool = False,
+                     decode: bool = True) -> Iterator[StoredBatchRef]:
         """Stored batches from the one containing `offset`, stopping before `end_offset`
         and before position `limit` (default: the committed data end).
 
-        Starts at the offset index entry at or below `offset` and frames forward by
-        the stored messages' metadata (`batch_format.peek_message`; the bytes were
-        validated when appended or recovered); a batch is decoded only when its
-        ``batch`` is used. With
+        Starts at the offset index entry at or below `offset` and frames forward
+        with Arrow, decoding each batch (`batch_format.read_trusted`; the bytes were
+        validated when appended or recovered); with ``decode=False`` (a reader that
+        sends the stored messages on) by their metadata alone, without an Arrow call
+        (`batch_format.peek_message`), a batch decoded only if its ``batch`` is used. With
         `verify_crc`, each batch yielded is first checked against its stored CRC
         (bit rot since then raises CorruptRecordError, not a crash further on),
         unless it was already checked under this mapping (module doc)."""
@@ -510,15 +512,23 @@ class LogSegment:
         buf = self._map(limit)
         schema = self.schema
         while pos < limit and base < end_offset:
-            info = bf.peek_message(buf, pos, limit, f"{self.path} position {pos}")
-            if info is None:
-                return
-            size, n = info.size, info.record_count
+            batch = None
+            if decode:
+                got = bf.read_trusted(buf, pos, limit, schema, f"{self.path} position {pos}")
+                if got is None:
+                    return
+                batch, size = got
+                n = batch.num_rows
+            else:
+                info = bf.peek_message(buf, pos, limit, f"{self.path} position {pos}")
+                if info is None:
+                    return
+                size, n = info.size, info.record_count
             if base + n > offset:
                 if verify_crc and not verified.covers(pos, pos + size):
                     bf.check_stored_crc(buf, pos, pos + size, f"{self.path} position {pos} (batch at offset {base})")
                     verified.add(pos, pos + size, generation)
-                yield StoredBatchRef(base, n, pos, size, buf.slice(pos, size), schema)
+                yield StoredBatchRef(base, n, pos, size, buf.slice(pos, size), schema, batch)
             base += n
             pos += size
 

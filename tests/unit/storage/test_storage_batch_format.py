@@ -157,19 +157,20 @@ def test_end_of_stream_marker():
     assert bf.is_end_of_stream(data, pos, data.size)
     assert bf.decode_batch(data, pos, data.size, SCHEMA) is None
     assert bf.peek_message(data, pos, data.size) is None
+    assert bf.read_trusted(data, pos, data.size, SCHEMA) is None
 
 
-def test_peek_and_read_stored_message_agree_with_decode():
+def test_peek_read_trusted_and_read_stored_message_agree_with_decode():
     msgs = bf.BatchEncoder(SCHEMA).encode([(make_batch(0, 3), header(0, 3)),
                                             (make_batch(3, 8), header(3, 8))])
     buf = stream_of(*msgs)
     pos = len(bf.schema_message(SCHEMA))
     for msg in msgs:
         info = bf.peek_message(buf, pos, buf.size)
-        size = info.size
-        batch = bf.read_stored_message(buf.slice(pos, size), SCHEMA)
+        batch, size = bf.read_trusted(buf, pos, buf.size, SCHEMA)
+        assert batch.equals(bf.read_stored_message(buf.slice(pos, size), SCHEMA))
         got, _ = bf.read_header(buf, pos, buf.size)
-        assert size == msg.size
+        assert info.size == size == msg.size
         assert info.record_count == batch.num_rows == msg.header.record_count
         assert got == msg.header
         pos += size
@@ -310,6 +311,7 @@ def test_small_batches_are_encoded_as_the_stream_writer_encodes_them(batch, monk
         assert len(data) == msg.size and bf.CRC_PLACEHOLDER not in data
         decoded = bf.decode_batch(pa.py_buffer(data), 0, len(data), batch.schema, expected_base_offset=100)
         assert decoded.header == written.header and decoded.batch.equals(batch) and decoded.size == msg.size
+        assert bf.read_trusted(pa.py_buffer(data), 0, len(data), batch.schema)[0].equals(batch)
         assert bf.read_stored_message(pa.py_buffer(data), batch.schema).equals(batch)
         reader = pa.ipc.open_stream(bf.schema_message(batch.schema) + data + bf.END_OF_STREAM)
         read, meta = reader.read_next_batch_with_custom_metadata()

@@ -261,18 +261,24 @@ def test_append_raw_takes_the_logs_own_schema_message_as_is_and_parses_any_other
 
 def test_a_raw_read_sends_the_stored_messages_without_decoding_them(tmp_path, monkeypatch):
     """A follower's fetch (`read_raw`) frames the stored messages by their metadata and
-    sends them on: no batch is decoded by Arrow (each Arrow call gives the GIL up);
-    a consumer's read decodes the batches it returns, each once."""
+    sends them on: no Arrow call decodes a batch (each gives the GIL up). A read with
+    ``decode=False`` decodes a batch only when it is used, once; a consumer's read
+    decodes as it frames."""
     log = open_log(tmp_path / "t-0")
     fill(log, 6)
-    decoded = []
-    real_decode = bf.read_stored_message
-    monkeypatch.setattr(bf, "read_stored_message", lambda *a: decoded.append(1) or real_decode(*a))
+    calls = []
+    for name in ("read_stored_message", "read_trusted"):
+        real = getattr(bf, name)
+        monkeypatch.setattr(bf, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     raw = log.read_raw(0, 10**6)
-    assert raw.record_count > 0 and decoded == []
-    stored = log.read_stored(0, 10**6)
-    assert [b.batch.num_rows for b in stored.batches] == [b.batch.num_rows for b in stored.batches]
-    assert len(decoded) == len(stored.batches)
+    assert raw.record_count == 30 and calls == []
+    lazy = log.read_stored(0, 10**6, decode=False)
+    assert calls == []
+    assert [b.batch.num_rows for b in lazy.batches] == [b.batch.num_rows for b in lazy.batches] == [5] * 6
+    assert calls == ["read_stored_message"] * 6
+    calls.clear()
+    assert [b.batch.num_rows for b in log.read_stored(0, 10**6).batches] == [5] * 6
+    assert calls == ["read_trusted"] * 6
     assert read_values(log) == values(0, 30)
 
 
