@@ -116,8 +116,9 @@ class ProducePartition:
     """One partition's produced records, decoded from the wire by the RPC layer:
     ``batches``, or ``decode_error`` when its bytes were refused (corrupt, wrong
     CRC), reported after the topic and partition checks as any other error.
-    ``sent_messages``: per batch, the producer's IPC message it was read from (the
-    log stores it verbatim) or None; None: not known for any."""
+    ``sent_messages``: per batch, the producer's IPC message it was read from
+    (``batch_format.PlainMessage``: the log stores it verbatim) or None; None: not
+    known for any."""
     topic: str
     partition: int
     batches: tuple[pa.RecordBatch, ...]
@@ -126,7 +127,7 @@ class ProducePartition:
     producer_epoch: int = -1
     base_sequence: int = -1
     decode_error: ReplikafkaError | None = None
-    sent_messages: tuple[pa.Buffer | None, ...] | None = None
+    sent_messages: tuple[Any, ...] | None = None   # batch_format.PlainMessage | None each
 
 
 @dataclass(frozen=True)

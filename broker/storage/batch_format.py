@@ -549,7 +549,7 @@ class BatchEncoder:
         self._schema_pending = True     # the writer emits the schema with the first batch
 
     def encode(self, items: Sequence[tuple[pa.RecordBatch, BatchHeader]],
-               seal: bool = True, messages: Sequence[pa.Buffer | None] | None = None) -> list[EncodedMessage]:
+               seal: bool = True, messages: Sequence[PlainMessage | None] | None = None) -> list[EncodedMessage]:
         """One message per (batch, header). With seal=False the CRCs are left to
         compute (`msg.seal(msg.body_crc())`), e.g. to size-check first.
         ``messages``: per item, the `PlainMessage` the batch was read from (a

@@ -125,7 +125,7 @@ class RawReadResult:
 
 # One stored batch as `Log.read_stored` returns it: the segment's own reference
 # (`message`: the stored IPC message verbatim, zero-copy over the mapping; `batch`:
-# decoded from it on first use, its buffers inside `message`).
+# its RecordBatch, buffers inside `message`, decoded when framed or on first use).
 StoredBatch = StoredBatchRef
 
 
@@ -498,7 +498,7 @@ class Log:
     def append(self, batches: Sequence[pa.RecordBatch], leader_epoch: int, producer_id: int = -1,
                producer_epoch: int = -1, base_sequence: int = -1,
                body_crc32c: Sequence[int] | None = None,
-               sent_messages: Sequence[pa.Buffer | None] | None = None) -> AppendInfo:
+               sent_messages: Sequence[bf.PlainMessage | None] | None = None) -> AppendInfo:
         """Leader append: assign offsets from the log end, stamp `leader_epoch`.
 
         Each non-empty input batch becomes one stored batch. All batches are
@@ -509,9 +509,9 @@ class Log:
         appended (no pass over the data beyond the log's own, except where
         LogAppendTime replaces the timestamps: then the producer's bodies are
         hashed first). `sent_messages` (a Produce): per batch, the producer's IPC
-        message that batch was read from and validated as, or None; a plain one is
-        stored verbatim with this log's header (`BatchEncoder.encode`), unless
-        LogAppendTime replaces the timestamps.
+        message that batch was read from and validated as (`bf.PlainMessage`), or
+        None; it is stored verbatim with this log's header (`BatchEncoder.encode`),
+        unless LogAppendTime replaces the timestamps.
         """
         # The one schema check of a produce (naming the first wrong column; nullability
         # from the topic), before anything is encoded.
@@ -557,8 +557,8 @@ class Log:
         self._maybe_flush_by_messages()
         return info
 
-    def _prepare(self, batches: Sequence[pa.RecordBatch], sent_messages: Sequence[pa.Buffer | None] | None) \
-            -> tuple[list[pa.RecordBatch], list[pa.Buffer | None] | None]:
+    def _prepare(self, batches: Sequence[pa.RecordBatch], sent_messages: Sequence[bf.PlainMessage | None] | None) \
+            -> tuple[list[pa.RecordBatch], list[bf.PlainMessage | None] | None]:
         """The non-empty batches, with the one LogAppendTime stamp of a produce, and
         their producer's messages (none once the timestamps are replaced)."""
         kept = [j for j, batch in enumerate(batches) if batch.num_rows]

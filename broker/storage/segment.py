@@ -85,8 +85,8 @@ class StoredBatchRef:
     """One stored batch of a segment: where it lies, its stored message (zero-copy
     over the mapping) and its RecordBatch (zero-copy too), decoded as it was framed
     or, for a reader that sends the message on (a follower's fetch), by Arrow on
-    first use only: each Arrow call gives the GIL up and takes it back. Thread-safe: two threads
-    decoding at once each get an equal batch, and one of them is kept."""
+    first use only: each Arrow call gives the GIL up and takes it back.
+    Thread-safe: two threads decoding at once each get an equal batch, one is kept."""
 
     __slots__ = ("base_offset", "record_count", "position", "size", "message", "_schema", "_batch")
 
