@@ -11,7 +11,7 @@ encoding, which leaves the segment's open and write.
 
 How: each entry's CRC-32C is checked (:func:`records.check_produced_crc`), then its
 stream is framed here without Arrow (`_frame_plain`): a schema message, then plain
-record-batch messages (:func:`batch_format.plain_metadata`: no custom metadata, no
+record-batch messages (:func:`batch_format.plain_message_at`: no custom metadata, no
 compression, aligned), then the end marker or the end. Entries of at most
 ``GROUPED_ENTRY_MAX_BYTES`` framed so are grouped by their schema message, and Arrow
 reads each group as one stream made of all their messages (one read, one full
