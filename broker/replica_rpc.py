@@ -12,7 +12,6 @@ from __future__ import annotations
 import grpc
 
 from replikafka import errors as E
-from replikafka import records as R
 from replikafka.broker import produce_decoding, replica_fetch_codec
 from replikafka.broker.replica import messages as M
 from replikafka.client.connection import open_channel, target_of
