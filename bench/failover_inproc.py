@@ -26,7 +26,10 @@ Each round, in a fresh child process:
   fetch-follow, one round of broker 1's fetcher of the partitions it follows from
   broker 2 (its request's wire bytes made, a recorded answer of that leader decoded
   and applied); in an incremental fetch session (KIP-227) once the code has them,
-  the round after the full fetch that opened it.
+  the round after the full fetch that opened it;
+* follow-write: the follower's side of the writes: one answer naming every partition
+  broker 1 follows from broker 2, each with the two batches the writes made, applied
+  by broker 1's fetcher (beside the same ``--gil-load``).
 
 ``--root DIR`` loads the package from another worktree (DIR/python/replikafka,
 DIR/broker) to compare an older commit with this one, rounds interleaved::
@@ -251,6 +254,21 @@ def child(args) -> None:
     if sessions:
         fetcher.do_work()                 # the full fetch opening the session
     timed("fetch-follow", fetcher.do_work)
+    # The follower's side of the writes: one answer naming every partition broker 1
+    # follows from broker 2, each with the two batches the writes left (the stored
+    # bytes of a partition broker 1 leads: the same messages broker 2 would send),
+    # applied as the fetcher applies any answer, beside the same --gil-load.
+    wrote = rm.get((TOPIC, mine[0])).log.read_raw(0, 1 << 20)
+    answer = replica_fetch_codec.encode(replica_rpc.follower_fetch_response(M.FetchResponse([
+        M.FetchPartitionResult(tp[0], tp[1], None, wrote.record_count, wrote.record_count, 0, wrote.data, 0,
+                               wrote.record_count) for tp in followed], session_id=7)))
+    stop_load.clear()
+    for _ in range(args.gil_load):
+        threading.Thread(target=spin, daemon=True).start()
+    timed("follow-write", fetcher.do_work)
+    stop_load.set()
+    behind = [tp for tp in followed if rm.get(tp).log.log_end_offset != wrote.record_count]
+    assert not behind, f"{len(behind)} followers did not append the writes, e.g. {behind[:3]}"
     out["mine"] = len(mine)
     out["fetch"] = (len(led), len(followed))
     print("RESULT " + json.dumps(out), flush=True)

@@ -35,7 +35,6 @@ import struct
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from replikafka import errors as E
 from replikafka import records as R
@@ -50,7 +49,6 @@ GROUPED_ENTRY_MAX_BYTES = 64 * 1024
 GROUP_MAX_BYTES = 16 << 20
 
 _PREFIX = struct.Struct("<Ii")
-_END_OF_STREAM = _PREFIX.pack(bf.CONTINUATION, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,15 +163,10 @@ def _read_group(schema_message: bytes, members: list[list[bf.PlainMessage]]) -> 
     """Each member's batches (one per message), read by Arrow from one stream of the
     schema message and every member's messages, fully validated; None if Arrow
     refuses any of it (or reads another number of rows than framed)."""
-    pieces = [schema_message]
-    rows = 0
-    for messages in members:
-        for m in messages:
-            pieces.append(m.message)
-            rows += m.record_count
-    pieces.append(_END_OF_STREAM)
+    pieces = [m.message for messages in members for m in messages]
+    rows = sum(m.record_count for messages in members for m in messages)
     try:
-        table = ipc.open_stream(pa.py_buffer(b"".join(pieces))).read_all()
+        table = bf.read_one_stream(schema_message, pieces)
         if table.num_rows != rows or not len(table.schema):
             return None
         # Every column's chunks fully checked (buffer sizes, offsets, null counts,

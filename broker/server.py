@@ -40,6 +40,7 @@ from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.controller.controller_events import SessionReestablished, TopicConfigChange
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
+from replikafka.broker.storage.fileio import set_kept_write_max_bytes
 from replikafka.broker.startup_failure import check_port_free, startup_failure_line
 from replikafka.broker.control_plane_guard import ControlPlaneGuard, ZkClusterTruth
 from replikafka.broker.storage.log_manager import LogManager
@@ -568,7 +569,8 @@ class BrokerServer:
 
 def tune_process(config: BrokerConfig) -> None:
     """Process-wide settings, once at start-up: glibc's (broker/malloc_tuning.py), the
-    cyclic garbage collector's youngest-generation threshold and Python's switch interval.
+    cyclic garbage collector's youngest-generation threshold, Python's switch interval
+    and the size of the segment writes that keep the GIL (broker/storage/fileio.py).
 
     The collector: a request naming thousands of partitions holds more objects than
     Python's default threshold (700) while it runs, so each young collection during it
@@ -585,6 +587,7 @@ def tune_process(config: BrokerConfig) -> None:
     switch_us = config.get("python.switch.interval.us")
     if switch_us > 0:
         sys.setswitchinterval(switch_us / 1e6)
+    set_kept_write_max_bytes(config.get("python.gil.kept.write.max.bytes"))
     young_objects = config.get("python.gc.generation0.threshold.objects")
     if young_objects > 0:
         _, older1, older2 = gc.get_threshold()

@@ -365,14 +365,15 @@ class Partition:
             self._news()
 
     # ------------------------------------------------------------ follower
-    def append_as_follower(self, raw, leader_hw: int, expected_epoch: int) -> int:
-        """Append replicated batches verbatim; returns records appended."""
+    def append_as_follower(self, raw, leader_hw: int, expected_epoch: int, checked=None) -> int:
+        """Append replicated batches verbatim; returns records appended. ``checked``:
+        ``raw`` as `raw_streams.check_raw_streams` checked it, or None (see `Log.append_raw`)."""
         with self.lock:
             if self.role != FOLLOWER or self.leader_epoch != expected_epoch:
                 return 0
             n = 0
             if raw is not None and len(raw):
-                info = self.log.append_raw(raw)
+                info = self.log.append_raw(raw, checked)
                 n = info.record_count
                 # As validated by the append: no second read. State not built yet is
                 # built from the log, these batches included, when first used.

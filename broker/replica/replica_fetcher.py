@@ -24,6 +24,7 @@ from replikafka import errors as E
 from replikafka.broker.replica import messages as M
 from replikafka.broker.replica.fetch_session import FetchSessionHandler
 from replikafka.broker.replica.leader_epoch_truncation import AskAgain, Truncate, truncation_decision
+from replikafka.broker.storage import raw_streams
 
 log = logging.getLogger("replikafka.fetcher")
 TRUNCATION_ROUNDS_MAX = 16
@@ -239,7 +240,16 @@ class ReplicaFetcher:
         sent = session.sent
         touched = []
         failed = 0
-        for r in results:
+        # The answer's streams checked together, before any is appended: one Arrow read
+        # for many small ones (see raw_streams); a stream it leaves out is checked alone.
+        appending = [i for i, r in enumerate(results) if r.error is None and r.record_count and r.records is not None]
+        try:
+            checked = dict(zip(appending, raw_streams.check_raw_streams([results[i].records for i in appending])))
+        except Exception:   # a bug there must not stop replication: each stream is then checked alone
+            log.exception("follower %d: checking the answer of leader %d together failed; each partition's "
+                          "batches are checked alone", self.broker_id, self.leader_id)
+            checked = {}
+        for i, r in enumerate(results):
             tp = (r.topic, r.partition)
             part = self.lookup(tp)
             fp = entries.get(tp) or sent.get(tp)
@@ -261,7 +271,7 @@ class ReplicaFetcher:
                 # FENCED/UNKNOWN epoch, NOT_LEADER: wait for the controller's next LeaderAndIsr.
                 continue
             if self._isolated(tp, part.append_as_follower, r.records if r.record_count else None,
-                              r.high_watermark, fp.current_leader_epoch) is None:
+                              r.high_watermark, fp.current_leader_epoch, checked.get(i)) is None:
                 failed += 1
             s.leader_log_end = r.log_end_offset
         if touched:

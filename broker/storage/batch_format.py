@@ -319,10 +319,31 @@ def decode_batch(buf, pos: int, limit: int, schema: pa.Schema, where: str = "bat
     """Fully validate and decode the stored batch at `pos`; None at end-of-stream.
 
     Checks, in order: framing and lengths, header keys, record count against
-    the RecordBatch length, the expected base offset, the body CRC, that Arrow
-    parses the message against `schema`, and the max timestamp. Raises
-    CorruptRecordError naming the first failure. The batch is zero-copy.
+    the RecordBatch length, the expected base offset, the body CRC
+    (`check_framed`), that Arrow parses the message against `schema`, and the row
+    count and max timestamp (`check_decoded`). Raises CorruptRecordError naming
+    the first failure. The batch is zero-copy.
     """
+    framed = check_framed(buf, pos, limit, where, expected_base_offset)
+    if framed is None:
+        return None
+    header, info = framed
+    try:
+        batch = pa.ipc.read_record_batch(_as_arrow_buffer(buf).slice(pos, info.size), schema)
+        batch.validate()
+    except (pa.ArrowException, OSError, ValueError, TypeError) as e:
+        raise CorruptRecordError(f"{where}: Arrow cannot read the batch ({e})") from None
+    ts = batch.schema.get_field_index("timestamp")
+    check_decoded(header, batch.num_rows, batch.column(ts) if ts >= 0 else None, where)
+    return DecodedBatch(header, batch, info.size)
+
+
+def check_framed(buf, pos: int, limit: int, where: str = "batch",
+                 expected_base_offset: int | None = None) -> tuple[BatchHeader, MessageInfo] | None:
+    """The checks of `decode_batch` made without Arrow (so without giving the GIL
+    up): framing and lengths, header keys, record count against the RecordBatch
+    length, the expected base offset, the body CRC. (header, message info), None at
+    end-of-stream; CorruptRecordError naming the first failure."""
     got = read_header(buf, pos, limit, where)
     if got is None:
         return None
@@ -338,18 +359,27 @@ def decode_batch(buf, pos: int, limit: int, schema: pa.Schema, where: str = "bat
     if crc != header.crc32c:
         raise CorruptRecordError(f"{where}: CRC-32C mismatch (stored {header.crc32c:08x}, "
                                  f"computed {crc:08x})")
-    try:
-        batch = pa.ipc.read_record_batch(_as_arrow_buffer(buf).slice(pos, info.size), schema)
-        batch.validate()
-    except (pa.ArrowException, OSError, ValueError, TypeError) as e:
-        raise CorruptRecordError(f"{where}: Arrow cannot read the batch ({e})") from None
-    if batch.num_rows != header.record_count:
-        raise CorruptRecordError(f"{where}: {batch.num_rows} rows, header says {header.record_count}")
-    actual_max = max_timestamp_ms(batch)
+    return header, info
+
+
+def check_decoded(header: BatchHeader, rows: int, timestamps: pa.Array | None, where: str = "batch") -> None:
+    """The checks of `decode_batch` made once Arrow has read the batch: its ``rows``
+    and its ``timestamps`` column's largest value (None: no such column) agree with
+    the header; CorruptRecordError otherwise."""
+    if rows != header.record_count:
+        raise CorruptRecordError(f"{where}: {rows} rows, header says {header.record_count}")
+    actual_max = -1 if timestamps is None else column_max_timestamp_ms(timestamps)
     if actual_max != header.max_timestamp_ms:
         raise CorruptRecordError(f"{where}: max timestamp {actual_max}, header says "
                                  f"{header.max_timestamp_ms}")
-    return DecodedBatch(header, batch, info.size)
+
+
+def read_one_stream(schema_message: bytes, messages: Sequence) -> pa.Table:
+    """What Arrow reads from one IPC stream made of ``schema_message``, ``messages``
+    (whole serialised messages, each 8-byte aligned; copied once into the stream) and
+    the end marker: one call for many small batches, where reading each alone gives
+    the GIL up several times. One chunk per batch message. Raises Arrow's errors."""
+    return pa.ipc.open_stream(pa.py_buffer(b"".join([schema_message, *messages, END_OF_STREAM]))).read_all()
 
 
 def check_stored_crc(buf, pos: int, limit: int, where: str = "batch") -> None:
@@ -427,7 +457,14 @@ def max_timestamp_ms(batch: pa.RecordBatch) -> int:
     idx = batch.schema.get_field_index("timestamp")
     if idx < 0 or batch.num_rows == 0:
         return -1
-    col = batch.column(idx)
+    return column_max_timestamp_ms(batch.column(idx))
+
+
+def column_max_timestamp_ms(col: pa.Array) -> int:
+    """Largest value of a `timestamp` column (ms since the epoch, 64-bit) in ms; -1
+    if it is empty or all null. Keeps the GIL unless the column holds nulls."""
+    if len(col) == 0:
+        return -1
     if col.null_count == 0:
         n = len(col)
         buf = col.buffers()[1]

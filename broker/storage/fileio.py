@@ -12,6 +12,7 @@ be serialised by their caller (they share the tmp name).
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 
@@ -31,6 +32,52 @@ _MMAP.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, 
 _MUNMAP = _LIBC_KEEPING_GIL.munmap
 _MUNMAP.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+# Opening an existing file, its size and closing a read-only descriptor touch only
+# the kernel's caches of names and inodes; a small buffered write is a copy into the
+# page cache. Kept calls for the same reason: a survivor's first write to, and first
+# follower read of, thousands of idle-released partitions made each of these calls
+# once a partition, and each waited a switch interval to take the GIL back. A small
+# write waits on the device only when the kernel throttles writers (too many dirty
+# pages) or the file system hangs; the whole broker then waits with it, and past
+# zookeeper.session.timeout.ms its session expires and its leaderships move.
+_OPEN = _LIBC_KEEPING_GIL.open
+_OPEN.restype = ctypes.c_int
+_OPEN.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+_LSEEK = _LIBC_KEEPING_GIL.lseek
+_LSEEK.restype = ctypes.c_int64
+_LSEEK.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+_CLOSE = _LIBC_KEEPING_GIL.close
+_CLOSE.restype = ctypes.c_int
+_CLOSE.argtypes = [ctypes.c_int]
+_PWRITE = _LIBC_KEEPING_GIL.pwrite
+_PWRITE.restype = ctypes.c_ssize_t
+_PWRITE.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
+# Writes of at most this many bytes keep the GIL (`python.gil.kept.write.max.bytes`).
+_kept_write_max_bytes = 64 * 1024
+
+
+def set_kept_write_max_bytes(limit: int) -> None:
+    """Process-wide: writes of at most ``limit`` bytes (`pwritev_all`) keep the GIL;
+    0: every write gives it up (the broker's `python.gil.kept.write.max.bytes`)."""
+    global _kept_write_max_bytes
+    _kept_write_max_bytes = max(0, int(limit))
+
+
+def _checked(result: int, what: str, path: str | None = None) -> int:
+    """``result`` of a C library call that returns -1 and sets errno on failure."""
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}", *([path] if path is not None else []))
+    return result
+
+
+def open_keeping_gil(path: str, flags: int, mode: int = 0o644) -> int:
+    """os.open(path, flags, mode) keeping the GIL (see above): for existing files."""
+    encoded = os.fsencode(path)
+    while True:
+        fd = _OPEN(encoded, flags | os.O_CLOEXEC, mode)
+        if fd >= 0 or ctypes.get_errno() != errno.EINTR:
+            return _checked(fd, "open", path)
 
 
 def sync_filesystem(path: str) -> None:
@@ -74,9 +121,9 @@ def map_file(path: str, min_size: int = 0, headroom: int = 0):
     were written) raises CorruptRecordError naming both sizes."""
     import pyarrow as pa
 
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_keeping_gil(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
+        size = _checked(_LSEEK(fd, 0, os.SEEK_END), "lseek", path)
         if size < min_size:
             raise CorruptRecordError(f"{path}: file holds {size} bytes, expected at least {min_size}")
         length = size + headroom
@@ -87,7 +134,7 @@ def map_file(path: str, min_size: int = 0, headroom: int = 0):
             err = ctypes.get_errno()
             raise OSError(err, f"mmap: {os.strerror(err)}", path)
     finally:
-        os.close(fd)
+        _CLOSE(fd)        # a read-only descriptor: nothing to report on close
     return pa.foreign_buffer(address, length, base=_Mapping(address, length))
 
 
@@ -127,7 +174,12 @@ _IOV_MAX = 512   # well under Linux's 1024 iovecs per call
 
 def pwritev_all(fd: int, pieces, position: int) -> int:
     """Write the concatenation of `pieces` (bytes-like objects) at `position` with
-    os.pwritev, resuming after short writes. Returns the bytes written."""
+    os.pwritev, resuming after short writes. Returns the bytes written. At most
+    `set_kept_write_max_bytes` bytes are written keeping the GIL (one ``pwrite`` of
+    the pieces joined: a copy that size costs less than a take-back of the GIL)."""
+    size = sum(len(p) for p in pieces)
+    if 0 < size <= _kept_write_max_bytes:
+        return _pwrite_keeping_gil(fd, pieces, size, position)
     pending = [p for p in pieces if len(p)]
     total = 0
     i = 0
@@ -143,6 +195,25 @@ def pwritev_all(fd: int, pieces, position: int) -> int:
                 pending[i] = memoryview(pending[i]).cast("B")[n:]
                 n = 0
     return total
+
+
+def _pwrite_keeping_gil(fd: int, pieces, size: int, position: int) -> int:
+    """`pwritev_all` of ``size`` bytes in one buffer: the one piece as it is if Arrow
+    holds it, else the pieces joined."""
+    import pyarrow as pa
+
+    data = pieces[0] if len(pieces) == 1 and isinstance(pieces[0], pa.Buffer) else b"".join(pieces)
+    address = data.address if isinstance(data, pa.Buffer) else ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+    written = 0
+    while written < size:
+        n = _PWRITE(fd, address + written, size - written, position + written)
+        if n < 0 and ctypes.get_errno() == errno.EINTR:
+            continue
+        _checked(n, "pwrite")
+        if n == 0:
+            raise OSError(errno.EIO, f"pwrite wrote nothing of {size - written} bytes at {position + written}")
+        written += n
+    return written
 
 
 def write_new_file(path: str, data) -> int:

@@ -47,6 +47,7 @@ from replikafka.errors import (CorruptRecordError, InvalidConfigError, InvalidOf
 from replikafka.records import conform_batch, has_dictionary
 
 from . import batch_format as bf
+from . import raw_streams
 from .clock import SYSTEM_CLOCK
 from .fileio import TMP_SUFFIX, atomic_write_bytes, fsync_dir
 from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache
@@ -575,7 +576,8 @@ class Log:
             sent = None
         return out, sent
 
-    def append_raw(self, data: bytes | pa.Buffer | StoredBytes) -> AppendInfo:
+    def append_raw(self, data: bytes | pa.Buffer | StoredBytes,
+                   checked: raw_streams.CheckedStream | None = None) -> AppendInfo:
         """Follower append of an IPC stream produced by `read_raw` on the leader
         (over the wire a `pa.Buffer`; in-process, as the simulation passes it, the
         leader's `StoredBytes`, joined here).
@@ -583,11 +585,17 @@ class Log:
         Every batch is validated (framing, CRC, Arrow, contiguous offsets) before
         anything is written; the first must start at this log's end offset. The
         messages are appended verbatim and the epoch cache follows their epochs.
+        ``checked``: the same stream as `raw_streams.check_raw_streams` checked it
+        with others; its messages are taken as they are if it was checked against
+        this log's own schema message, else the stream is checked here.
         """
-        if isinstance(data, StoredBytes):
-            data = bytes(data)
-        buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
-        decoded = self._validate_raw(buf)
+        if checked is not None and checked.schema_message == self._schema_msg:
+            decoded = list(checked.messages)
+        else:
+            if isinstance(data, StoredBytes):
+                data = bytes(data)
+            buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+            decoded = self._validate_raw(buf)
         with self._lock:
             self._check_open()
             if not decoded:

@@ -59,7 +59,8 @@ import pyarrow as pa
 from replikafka.errors import CorruptRecordError, InvalidSchemaError, StorageError
 
 from . import batch_format as bf
-from .fileio import TMP_SUFFIX, fsync_dir, fsync_path, map_file, pwritev_all, write_new_file
+from .fileio import (TMP_SUFFIX, fsync_dir, fsync_path, map_file, open_keeping_gil, pwritev_all,
+                     write_new_file)
 from .offset_index import OffsetIndex
 from .time_index import TimeIndex
 
@@ -407,7 +408,7 @@ class LogSegment:
     def _open_for_append(self) -> None:
         """The write descriptor, opened on first use (released by `release`)."""
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY)
+            self._fd = open_keeping_gil(self.path, os.O_WRONLY)   # an existing file (fileio: why kept)
 
     def can_hold(self, message_size: int, last_offset: int, segment_bytes: int) -> bool:
         """Whether a batch of `message_size` bytes ending at `last_offset` fits, or the

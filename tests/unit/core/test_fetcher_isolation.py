@@ -74,3 +74,34 @@ def test_a_corrupt_batch_of_one_partition_does_not_stop_the_others(tmp_path):
     fetcher.do_work()                                # b-0 sits out its backoff; the others go on
     assert leader.asked[-1] == [("a", 0), ("c", 3)]
     assert followers[("a", 0)].log.log_end_offset == followers[("c", 3)].log.log_end_offset == 8
+
+
+def test_a_round_checks_its_partitions_streams_with_one_arrow_read(tmp_path, monkeypatch):
+    """A fetch answer naming many partitions is checked as one Arrow read
+    (storage/raw_streams), not a read of each batch: each such read gives the GIL up
+    several times, which a busy follower pays for a partition at a time. Every
+    partition's batches are still appended, byte for byte."""
+    import pyarrow.ipc
+    clock = ManualClock(T0)
+    tps = [("t", p) for p in range(12)]
+    leader_logs, followers = {}, {}
+    for t, p in tps:
+        leader_logs[(t, p)] = Log.open(str(tmp_path / f"leader-{p}"), LogConfig(), SCHEMA, clock=clock)
+        for n in range(1 + p % 3):
+            leader_logs[(t, p)].append([batch(1 + n)], leader_epoch=1)
+        part = Partition(t, p, 2, Log.open(str(tmp_path / f"f-{p}"), LogConfig(), SCHEMA, clock=clock), clock)
+        part.make_follower(1, 1, isr=[1, 2], replicas=[1, 2], zk_version=0, controller_epoch=1)
+        followers[(t, p)] = part
+    fetcher = ReplicaFetcher(2, 1, ScriptedLeader(leader_logs, rot=set()), followers.get, max_wait_ms=0, min_bytes=1,
+                             max_bytes=1 << 20, backoff_ms=60_000, request_timeout_s=1.0)
+    fetcher.add_many({tp: 1 for tp in tps})
+    for s in fetcher.states.values():
+        s.truncating = False
+    reads = []
+    real_open, real_read = pyarrow.ipc.open_stream, pyarrow.ipc.read_record_batch
+    monkeypatch.setattr(pyarrow.ipc, "open_stream", lambda src: reads.append("stream") or real_open(src))
+    monkeypatch.setattr(pyarrow.ipc, "read_record_batch", lambda *a: reads.append("batch") or real_read(*a))
+    assert fetcher.do_work() is True
+    assert reads == ["stream"]
+    for tp in tps:
+        assert followers[tp].log.read_raw(0, 1 << 20).data == leader_logs[tp].read_raw(0, 1 << 20).data

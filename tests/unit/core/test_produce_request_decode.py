@@ -67,10 +67,10 @@ def test_small_entries_of_one_schema_are_read_by_arrow_once_and_keep_the_produce
     for all their small entries, not one per entry (each Arrow call gives the GIL
     up); every batch equals what was sent and carries the producer's message, byte
     for byte, for the log to store verbatim; a batch of no rows is dropped."""
-    from replikafka.broker import produce_decoding
+    import pyarrow.ipc
     reads = []
-    real_open = produce_decoding.ipc.open_stream
-    monkeypatch.setattr(produce_decoding.ipc, "open_stream", lambda src: reads.append(1) or real_open(src))
+    real_open = pyarrow.ipc.open_stream
+    monkeypatch.setattr(pyarrow.ipc, "open_stream", lambda src: reads.append(1) or real_open(src))
     kafka = R.to_record_batch([{"value": b"v%d" % i} for i in range(3)], R.KAFKA_SCHEMA, timestamp_ms=5)
     typed = R.to_record_batch([{"id": 7, "name": "é"}], R.parse_schema("id BIGINT, name STRING"), timestamp_ms=6)
     payloads = [R.encode_stream(kafka.schema, [kafka.slice(i % 3), kafka.slice(0, 0), kafka]).to_pybytes()
