@@ -19,7 +19,8 @@ Figures, each with a baseline measured in the same run where one exists:
   UTC the bench sent one leader's Produce after the other, and found the leaders
   by describe_topic (Metadata plus a ListOffsets of every partition) polled every
   2 s before writing, so that row's figures before then are not comparable (13.1 s
-  at 20,000 then);
+  at 20,000 then); then one acks=all write to each (answered once the other
+  survivor has it: replication of the failed-over partitions under that load);
 * ISR re-entry after each restart: until every ISR is full again (the leaders
   take the restarted follower back as it catches up), bounded by ISR_WAIT_S; a
   run that reaches the bound reports how many ISRs were still short and goes on;
@@ -164,13 +165,13 @@ def _one_record() -> tuple[bytes, int]:
 
 
 def _write_all(cluster: LocalCluster, md: ClusterMetadata, partitions: list[int], since: float,
-               record: tuple[bytes, int]) -> None:
+               record: tuple[bytes, int], acks: int = 1) -> None:
     """One record to each partition: one Produce request to each leader, sent to every
     leader at once (a thread each, as producers write to their leaders in parallel),
     repeated for the partitions not ready yet: when it returns every one accepted a
     write. Raises naming how many never did (and how many have no leader) after 900 s.
     Each round's line says when it started, in seconds after ``since``; ``record``: from
-    :func:`_one_record`."""
+    :func:`_one_record`; ``acks``: the Produce's (-1: all, each answer once the ISR has it)."""
     payload, crc = record
     todo = set(partitions)
     stubs: dict[int, pbg.ReplikafkaStub] = {}
@@ -178,7 +179,7 @@ def _write_all(cluster: LocalCluster, md: ClusterMetadata, partitions: list[int]
 
     def produce(leader: int, parts: list[int]) -> tuple[set[int], str]:
         t = time.time()
-        resp = stubs[leader].Produce(pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
+        resp = stubs[leader].Produce(pb.ProduceRequest(acks=acks, timeout_ms=30000, partitions=[
             pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload, records_crc32c=crc)
             for p in parts]), timeout=300)
         codes: dict[str, int] = {}
@@ -328,6 +329,11 @@ def run() -> list[dict]:
         # (polling the metadata every POLL_S for all new leaders first added up to 2 s).
         _write_all(cluster, md, led, noticed, record)
         all_written = time.time()
+        # Then a write with acks=all (the producer's default) to each: answered once the
+        # other survivor has it, so this times replication of the failed-over partitions
+        # while the first writes are still being fetched.
+        _write_all(cluster, md, led, all_written, record, acks=-1)
+        all_replicated = time.time()
         row(f"failover of {len(led)} partitions: noticed -> all new leaders", max(handled) - noticed, "s")
         decided = _wait(lambda: _first_line(cluster, controller, r"partition states written and sent in", noticed),
                         600, "the controller's failover line")
@@ -335,6 +341,8 @@ def run() -> list[dict]:
         if leaders_sent:   # the controller's part: new leaders written and their LeaderAndIsr queued
             row("failover: controller noticed -> new leaders written and sent", float(leaders_sent.group(1)), "s")
         row(f"failover of {len(led)} partitions: noticed -> all accept writes", all_written - noticed, "s")
+        row("failover: then a write with acks=all to each, until every one is acknowledged", all_replicated - all_written,
+            "s")
         serving = _restart(cluster, victim, n)
         row(f"restart after SIGKILL -> serving {n} replicas", serving, "s", empty_start)
         isr_rows("after the SIGKILL restart: serving -> every ISR full",
