@@ -66,8 +66,7 @@ def decode_produce_entries(entries: list[tuple[bytes, int | None, str]]) \
     or the CorruptRecordError naming what is wrong with its bytes."""
     out: list = [None] * len(entries)
     framed: dict[int, tuple[pa.Buffer, list[bf.PlainMessage]]] = {}
-    groups: dict[bytes, list[list[int]]] = {}     # schema message -> groups of entries
-    group_bytes: dict[bytes, int] = {}
+    grouped: list[tuple[int, bytes, int]] = []     # (entry, schema message, bytes)
     alone: list[int] = []
     for i, (data, crc, where) in enumerate(entries):
         try:
@@ -85,13 +84,8 @@ def decode_produce_entries(entries: list[tuple[bytes, int | None, str]]) \
         if buf.size > GROUPED_ENTRY_MAX_BYTES or not messages:
             alone.append(i)
             continue
-        size = group_bytes.get(schema_message, GROUP_MAX_BYTES)
-        if size + buf.size > GROUP_MAX_BYTES:
-            groups.setdefault(schema_message, []).append([])
-            size = len(schema_message)
-        groups[schema_message][-1].append(i)
-        group_bytes[schema_message] = size + buf.size
-    for schema_message, members_list in groups.items():
+        grouped.append((i, schema_message, buf.size))
+    for schema_message, members_list in bf.group_by_schema_message(grouped, GROUP_MAX_BYTES).items():
         for members in members_list:
             batches = _read_group(schema_message, [framed[i][1] for i in members])
             if batches is None:

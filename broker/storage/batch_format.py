@@ -374,6 +374,22 @@ def check_decoded(header: BatchHeader, rows: int, timestamps: pa.Array | None, w
                                  f"{header.max_timestamp_ms}")
 
 
+def group_by_schema_message(streams, group_max_bytes: int) -> dict[bytes, list[list[int]]]:
+    """Per schema message's bytes, groups of stream indexes for `read_one_stream`, in
+    order, each of at most ``group_max_bytes`` (a larger stream goes in a group of its
+    own). ``streams``: ``(index, schema message, size in bytes)`` of each stream."""
+    groups: dict[bytes, list[list[int]]] = {}
+    group_bytes: dict[bytes, int] = {}
+    for i, schema_message, size in streams:
+        total = group_bytes.get(schema_message, group_max_bytes)
+        if total + size > group_max_bytes:
+            groups.setdefault(schema_message, []).append([])
+            total = len(schema_message)
+        groups[schema_message][-1].append(i)
+        group_bytes[schema_message] = total + size
+    return groups
+
+
 def read_one_stream(schema_message: bytes, messages: Sequence) -> pa.Table:
     """What Arrow reads from one IPC stream made of ``schema_message``, ``messages``
     (whole serialised messages, each 8-byte aligned; copied once into the stream) and

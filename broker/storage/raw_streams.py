@@ -62,8 +62,7 @@ def check_raw_streams(streams: Sequence) -> list[CheckedStream | None]:
     order: the `CheckedStream`, or None if it must be checked alone."""
     out: list[CheckedStream | None] = [None] * len(streams)
     framed: dict[int, tuple[bytes, list[bf.EncodedMessage]]] = {}
-    groups: dict[bytes, list[list[int]]] = {}     # schema message -> groups of streams
-    group_bytes: dict[bytes, int] = {}
+    grouped: list[tuple[int, bytes, int]] = []     # (stream, schema message, bytes)
     for i, data in enumerate(streams):
         buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data if isinstance(data, bytes) else bytes(data))
         if buf.size > GROUPED_STREAM_MAX_BYTES:
@@ -71,15 +70,9 @@ def check_raw_streams(streams: Sequence) -> list[CheckedStream | None]:
         got = _frame(buf)
         if got is None:
             continue
-        schema_message, messages = got
         framed[i] = got
-        size = group_bytes.get(schema_message, GROUP_MAX_BYTES)
-        if size + buf.size > GROUP_MAX_BYTES:
-            groups.setdefault(schema_message, []).append([])
-            size = len(schema_message)
-        groups[schema_message][-1].append(i)
-        group_bytes[schema_message] = size + buf.size
-    for schema_message, members_list in groups.items():
+        grouped.append((i, got[0], buf.size))
+    for schema_message, members_list in bf.group_by_schema_message(grouped, GROUP_MAX_BYTES).items():
         for members in members_list:
             if _read_group(schema_message, [framed[i][1] for i in members]):
                 for i in members:
