@@ -89,26 +89,33 @@ def test_a_stream_checked_against_another_schema_is_checked_by_the_log(tmp_path)
     """A `CheckedStream` whose schema message is not the log's own is not trusted:
     the log checks the stream itself and refuses another schema."""
     other_schema = pa.schema([("value", pa.binary()), ("timestamp", SCHEMA.field("timestamp").type)])
-    other = Log.open(str(tmp_path / "other"), WIDE, other_schema, clock=ManualClock(0))
     stamps = pa.array([5], pa.int64()).view(other_schema.field("timestamp").type)
-    other.append([pa.record_batch([pa.array([b"x"]), stamps], schema=other_schema)], leader_epoch=0)
-    data = other.read_raw(0, 1 << 20).data
-    [checked] = raw_streams.check_raw_streams([data])
-    assert checked is not None and checked.schema_message != bf.schema_message(SCHEMA)
+    streams = []
+    for p in range(raw_streams.GROUP_MIN_STREAMS):
+        other = Log.open(str(tmp_path / f"other-{p}"), WIDE, other_schema, clock=ManualClock(0))
+        other.append([pa.record_batch([pa.array([b"x%d" % p]), stamps], schema=other_schema)], leader_epoch=0)
+        streams.append(other.read_raw(0, 1 << 20).data)
+    checked = raw_streams.check_raw_streams(streams)
+    assert all(c is not None and c.schema_message != bf.schema_message(SCHEMA) for c in checked)
     log = open_log(tmp_path / "follower", WIDE)
     with pytest.raises(InvalidSchemaError):
-        log.append_raw(data, checked)
+        log.append_raw(streams[0], checked[0])
     assert log.log_end_offset == 0
 
 
-def test_a_large_stream_is_left_to_the_log(tmp_path, monkeypatch):
-    """A stream over GROUPED_STREAM_MAX_BYTES is checked alone (zero-copy), not
-    copied into a group."""
-    streams = _leaders(tmp_path, 2)
-    monkeypatch.setattr(raw_streams, "GROUPED_STREAM_MAX_BYTES", len(streams[0]) - 1)
+def test_a_large_stream_and_too_few_of_a_schema_are_left_to_the_log(tmp_path, monkeypatch):
+    """A stream over GROUPED_STREAM_MAX_BYTES is checked alone (zero-copy, not copied
+    into a group); so is a stream with fewer than GROUP_MIN_STREAMS of its schema
+    (a group that small costs more CPU than it saves)."""
+    streams = _leaders(tmp_path, 6)
+    big = max(range(6), key=lambda i: len(streams[i]))
+    monkeypatch.setattr(raw_streams, "GROUPED_STREAM_MAX_BYTES", len(streams[big]) - 1)
     got = raw_streams.check_raw_streams(streams)
-    assert got[0] is None
-    assert (got[1] is None) == (len(streams[1]) > len(streams[0]) - 1)
+    assert [c is None for c in got] == [len(s) > len(streams[big]) - 1 for s in streams]
+    assert sum(c is not None for c in got) >= raw_streams.GROUP_MIN_STREAMS
+    monkeypatch.undo()
+    few = streams[:raw_streams.GROUP_MIN_STREAMS - 1]
+    assert raw_streams.check_raw_streams(few) == [None] * len(few)
 
 
 # ---- writes and opens that keep the GIL ----------------------------------------------
