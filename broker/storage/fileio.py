@@ -6,8 +6,9 @@ rewritten file reaches disk: write `<path>.tmp`, flush, fsync, rename over
 under `<path>`, never a torn one; a leftover `.tmp` is ignored by readers and
 removed on the next load.
 
-Thread-safety: the functions hold no state; two writers of the same path must
-be serialised by their caller (they share the tmp name).
+Thread-safety: the functions hold no state but one process-wide setting, the size
+of the writes that keep the GIL (set once at start, `set_kept_write_max_bytes`); two
+writers of the same path must be serialised by their caller (they share the tmp name).
 """
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ _MMAP.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, 
 _MUNMAP = _LIBC_KEEPING_GIL.munmap
 _MUNMAP.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
-# Opening an existing file, its size and closing a read-only descriptor touch only
-# the kernel's caches of names and inodes; a small buffered write is a copy into the
-# page cache. Kept calls for the same reason: a survivor's first write to, and first
+# Opening an existing file, its size and closing a read-only descriptor usually touch
+# only the kernel's caches of names and inodes; a small buffered write is a copy into
+# the page cache. Kept calls for the same reason: a survivor's first write to, and first
 # follower read of, thousands of idle-released partitions made each of these calls
 # once a partition, and each waited a switch interval to take the GIL back. A small
 # write waits on the device only when the kernel throttles writers (too many dirty
