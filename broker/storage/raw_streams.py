@@ -66,12 +66,14 @@ def check_raw_streams(streams: Sequence) -> list[CheckedStream | None]:
     """Per stream (a ``pyarrow.Buffer``, bytes, or anything ``bytes()`` joins), in
     order: the `CheckedStream`, or None if it must be checked alone."""
     out: list[CheckedStream | None] = [None] * len(streams)
+    small = [i for i, data in enumerate(streams) if len(data) <= GROUPED_STREAM_MAX_BYTES]
+    if len(small) < GROUP_MIN_STREAMS:
+        return out      # no group possible: framing them here would be done again by the log
     framed: dict[int, tuple[bytes, list[bf.EncodedMessage]]] = {}
     grouped: list[tuple[int, bytes, int]] = []     # (stream, schema message, bytes)
-    for i, data in enumerate(streams):
+    for i in small:
+        data = streams[i]
         buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data if isinstance(data, bytes) else bytes(data))
-        if buf.size > GROUPED_STREAM_MAX_BYTES:
-            continue
         got = _frame(buf)
         if got is None:
             continue

@@ -115,6 +115,11 @@ def test_a_large_stream_and_too_few_of_a_schema_are_left_to_the_log(tmp_path, mo
     assert sum(c is not None for c in got) >= raw_streams.GROUP_MIN_STREAMS
     monkeypatch.undo()
     few = streams[:raw_streams.GROUP_MIN_STREAMS - 1]
+
+    def framed_twice(*a, **kw):
+        raise AssertionError("framed here and again by the log")
+    # Too few to make a group: not even framed here (the log frames them).
+    monkeypatch.setattr(bf, "check_framed", framed_twice)
     assert raw_streams.check_raw_streams(few) == [None] * len(few)
 
 
