@@ -31,7 +31,6 @@ Pure functions over bytes; thread-safe.
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -47,8 +46,6 @@ GROUPED_ENTRY_MAX_BYTES = 64 * 1024
 # The bytes of one group's stream at most (then another group starts): bounds the
 # copy, and keeps the combined batch's 32-bit offsets far from overflowing.
 GROUP_MAX_BYTES = 16 << 20
-
-_PREFIX = struct.Struct("<Ii")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,19 +128,16 @@ def _frame_plain(buf: pa.Buffer) -> tuple[bytes, list[bf.PlainMessage]] | None:
     and then the end marker or the buffer's end, nothing after; None for any other
     (Arrow's reader then reads it or names what is wrong). The schema message is
     not parsed: Arrow reads it with the group."""
+    schema_message = bf.leading_schema_message(buf)
+    if schema_message is None:
+        return None
     size = buf.size
-    if size < 8:
-        return None
     view = memoryview(buf)
-    cont, meta_len = _PREFIX.unpack_from(view, 0)
-    if cont != bf.CONTINUATION or meta_len <= 0 or meta_len % 8 or 8 + meta_len > size:
-        return None
-    pos = 8 + meta_len
-    schema_message = view[:pos].tobytes()
+    pos = len(schema_message)
     messages = []
     while pos < size:
-        if size - pos >= 8 and _PREFIX.unpack_from(view, pos) == (bf.CONTINUATION, 0):   # the end marker
-            pos += 8
+        if bf.is_end_of_stream(view, pos, size):
+            pos += bf.PREFIX_SIZE
             break
         plain = bf.plain_message_at(buf, view, pos, size)
         if plain is None:

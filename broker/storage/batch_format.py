@@ -374,6 +374,19 @@ def check_decoded(header: BatchHeader, rows: int, timestamps: pa.Array | None, w
                                  f"{header.max_timestamp_ms}")
 
 
+def leading_schema_message(buf) -> bytes | None:
+    """The bytes of the message an IPC stream starts with, if its prefix frames a
+    whole, 8-byte aligned message there (not parsed: Arrow reads it with the rest);
+    None otherwise. For grouping streams by schema (`group_by_schema_message`)."""
+    size = len(buf)
+    if size < PREFIX_SIZE:
+        return None
+    marker, meta_len = _PREFIX.unpack_from(buf, 0)
+    if marker != CONTINUATION or meta_len <= 0 or meta_len % 8 or PREFIX_SIZE + meta_len > size:
+        return None
+    return bytes(memoryview(buf)[:PREFIX_SIZE + meta_len])
+
+
 def group_by_schema_message(streams, group_max_bytes: int) -> dict[bytes, list[list[int]]]:
     """Per schema message's bytes, groups of stream indexes for `read_one_stream`, in
     order, each of at most ``group_max_bytes`` (a larger stream goes in a group of its

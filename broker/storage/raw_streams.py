@@ -29,7 +29,6 @@ Pure functions over buffers; thread-safe.
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -50,8 +49,6 @@ GROUP_MAX_BYTES = 16 << 20
 # 128 us of CPU against 84 us alone; in groups of 3 the CPU was even, of 8 62 us, of
 # 50 53 us (2026-11-24). A fetch of one partition (a quiet follower's) stays as it was.
 GROUP_MIN_STREAMS = 3
-
-_PREFIX = struct.Struct("<Ii")     # continuation marker, metadata length
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +88,11 @@ def _frame(buf: pa.Buffer) -> tuple[bytes, list[bf.EncodedMessage]] | None:
     """(the schema message's bytes, each batch message checked by
     `batch_format.check_framed`) of a stream whose batch messages are 8-byte aligned
     and contiguous, ending at the end marker or the buffer's end; None for any other."""
+    schema_message = bf.leading_schema_message(buf)
+    if schema_message is None:
+        return None
     size = buf.size
-    if size < bf.PREFIX_SIZE:
-        return None
-    marker, meta_len = _PREFIX.unpack_from(buf, 0)
-    if marker != bf.CONTINUATION or meta_len <= 0 or meta_len % 8 or bf.PREFIX_SIZE + meta_len > size:
-        return None
-    pos = bf.PREFIX_SIZE + meta_len
-    schema_message = bytes(memoryview(buf)[:pos])
+    pos = len(schema_message)
     messages: list[bf.EncodedMessage] = []
     expected = None
     try:
