@@ -127,10 +127,54 @@ def child(args) -> None:
         req = pb.LeaderAndIsrRequest(controller_id=2, controller_epoch=epoch, broker_epoch=10)
         t = req.topics.add()
         t.name, t.schema, t.topic_id = TOPIC, schema, "tid"
-        for p, leader, leader_epoch, isr in states:
+        for p, leader, leader_epoch, isr, *version in states:   # version: the state's znode's (its epoch)
             req.partitions.add(topic=TOPIC, partition=p, leader=leader, leader_epoch=leader_epoch, isr=isr,
-                               replicas=[1, 2, 3], zk_version=leader_epoch, controller_epoch=epoch)
+                               replicas=[1, 2, 3], zk_version=version[0] if version else leader_epoch,
+                               controller_epoch=epoch)
         return req.SerializeToString()
+
+    def um(states, epoch) -> bytes:
+        req = pb.UpdateMetadataRequest(controller_id=2, controller_epoch=epoch)
+        for b in (1, 2):
+            req.live_brokers.add(id=b, host="127.0.0.1", port=9000 + b, broker_epoch=10 * b)
+        for p, leader, leader_epoch, isr, version in states:
+            req.partitions.add(topic=TOPIC, partition=p, leader=leader, leader_epoch=leader_epoch, isr=isr,
+                               replicas=[1, 2, 3], zk_version=version, controller_epoch=epoch)
+        return req.SerializeToString()
+
+    class Truth:
+        """What ZooKeeper says after broker 3 died (the guard's ClusterTruth)."""
+        def controller_epoch(self): return (1, 0)
+        def get_controller_id(self): return 2
+        def get_assignment(self, topic): return {p: [1, 2, 3] for p in range(n)}
+        def assignment_version(self, topic): return 7
+        def live_brokers(self, epochs=None):
+            if epochs is not None:
+                epochs.update({1: 10, 2: 20})
+            return {1: ("127.0.0.1", 9001), 2: ("127.0.0.1", 9002)}
+
+    from replikafka.broker.bulk_work import paused_gc
+    from replikafka.broker.control_plane_guard import ControlPlaneGuard
+    from replikafka.broker.wire_limits import WireLimits
+    guard = ControlPlaneGuard(Truth(), WireLimits())
+
+    def controller_request(kind: str, wire: bytes):
+        """A controller's request as the RPC shell (``broker/rpc_server.py``) handles it:
+        parsed, checked by the control-plane guard, applied."""
+        if kind == "LeaderAndIsr":
+            req = pb.LeaderAndIsrRequest.FromString(wire)
+            guard.check_controller(req.controller_id, req.controller_epoch)
+            with paused_gc():
+                req, refused = guard.filter_leader_and_isr(req)
+                assert not refused, refused[:3]
+                out = replica_rpc.leader_and_isr(rm, metadata, req)
+            assert not [r for r in out.partitions if r.error.code], out.partitions[:3]
+        else:
+            req = pb.UpdateMetadataRequest.FromString(wire)
+            guard.check_controller(req.controller_id, req.controller_epoch)
+            with paused_gc():
+                req = guard.filter_update_metadata(req, metadata.topic_names())
+                replica_rpc.handle_update_metadata(rm, metadata, replica_rpc.update_metadata_request(req))
 
     b = R.to_record_batch([{"value": b"x"}], topic_schema, timestamp_ms=0)
     payload = R.encode_stream(b.schema, [b]).to_pybytes()
@@ -169,8 +213,16 @@ def child(args) -> None:
     produce = pb.ProduceRequest(acks=1, timeout_ms=30000, partitions=[
         pb.PartitionProduceData(topic=TOPIC, partition=p, records=payload, records_crc32c=crc)
         for p in mine]).SerializeToString()
-    timed("failover-lai", lambda: replica_rpc.leader_and_isr(rm, metadata,
-                                                            pb.LeaderAndIsrRequest.FromString(failover)))
+    timed("failover-lai", lambda: controller_request("LeaderAndIsr", failover))
+    # The metadata of those new leaders, as every broker is sent it.
+    moved_um = um([(p, 1 if i % 2 == 0 else 2, 1, [1, 2], 1) for i, p in enumerate(victims)], 1)
+    timed("failover-um", lambda: controller_request("UpdateMetadata", moved_um))
+    # Then the controller takes the dead broker out of the ISRs of the partitions whose
+    # leader lives (the same leader epoch, the state's next ZooKeeper version): a
+    # LeaderAndIsr and an UpdateMetadata of 2N/3 partitions, while the writes go on.
+    shrunk = [(p, 1 + p % 3, 0, [1 + p % 3, 2 - p % 3], 1) for p in range(n) if p % 3 != 2]
+    timed("isr-lai", lambda: controller_request("LeaderAndIsr", lai(shrunk, 1)))
+    timed("isr-um", lambda: controller_request("UpdateMetadata", um(shrunk, 1)))
 
     def write():
         resp = replica_rpc.produce_response(rm.produce(replica_rpc.produce_request(

@@ -87,6 +87,42 @@ def check_topic_partition(topic: str, partition: int, limits: WireLimits) -> Non
 
 def partition_state_error(s: pb.PartitionState, limits: WireLimits) -> E.ReplikafkaError | None:
     """Why a controller's PartitionState is not legal, or None."""
+    return partition_state_errors([s], limits)[0]
+
+
+def partition_state_errors(states, limits: WireLimits) -> list[E.ReplikafkaError | None]:
+    """:func:`partition_state_error` of each of ``states`` (a request's), in one pass:
+    each distinct topic name and replica list is checked once, and an entry's name is
+    formatted only when it is refused. A failover's LeaderAndIsr and UpdateMetadata name
+    up to every partition, and at scale those take few values (one topic, a handful of
+    replica orders): checking each entry as if alone cost ~9 us of the broker's GIL,
+    0.3 s for 33,333 entries."""
+    topic_errors: dict[str, E.ReplikafkaError | None] = {}
+    legal_lists: set[tuple[int, ...]] = set()    # replica lists (replicas or ISRs) found legal
+    partitions_max = limits.partitions_per_topic_max
+    out: list[E.ReplikafkaError | None] = []
+    for s in states:
+        topic, partition = s.topic, s.partition
+        err = topic_errors.get(topic, False)
+        if err is False:
+            try:
+                R.validate_topic_name(topic)
+                err = None
+            except E.ReplikafkaError as exc:
+                err = exc
+            topic_errors[topic] = err
+        if err is None:
+            replicas, isr = tuple(s.replicas), tuple(s.isr)
+            if not 0 <= partition < partitions_max or replicas not in legal_lists or isr not in legal_lists \
+                    or s.leader < -1 or s.leader_epoch < -1:
+                err = _partition_state_error_alone(s, limits)
+                if err is None:
+                    legal_lists.update((replicas, isr))
+        out.append(err)
+    return out
+
+
+def _partition_state_error_alone(s: pb.PartitionState, limits: WireLimits) -> E.ReplikafkaError | None:
     try:
         check_topic_partition(s.topic, s.partition, limits)
         where = f"{s.topic}-{s.partition}"

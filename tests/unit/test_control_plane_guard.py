@@ -121,3 +121,68 @@ def test_an_assignment_is_read_once_per_znode_version_and_a_new_version_is_obeye
     view.write("t", None)                                         # deleted and created again between two
     view.write("t", {0: [3, 4]})                                  # requests, elsewhere (a new znode: its
     assert refused(0) == [0] and view.reads == 4                  # version restarts, its mzxid does not)
+
+
+def _states(req, *entries):
+    """Adds PartitionStates (topic, partition, replicas, isr, leader, leader_epoch) to ``req``."""
+    for topic, p, replicas, isr, leader, epoch in entries:
+        req.partitions.add(topic=topic, partition=p, leader=leader, leader_epoch=epoch, isr=isr, replicas=replicas)
+    return req
+
+
+# Legal entries and each way one is not, with replica lists the legal ones share (the
+# one-pass check keeps what it found legal): each illegal entry is refused all the same,
+# named, with the reason an entry alone gets.
+_MIXED = [("t", 0, [1, 2, 3], [1, 2], 1, 3), ("t", 1, [1, 2, 3], [1, 2], 1, 3),
+          ("bad/name", 2, [1, 2, 3], [1, 2], 1, 3),          # topic name
+          ("t", 100_000, [1, 2, 3], [1, 2], 1, 3),           # partition id past max.partitions.per.topic
+          ("t", -1, [1, 2, 3], [1, 2], 1, 3),                # negative partition id
+          ("t", 3, [1, 2, 3], [1, 2], -2, 3),                # leader
+          ("t", 4, [1, 2, 3], [1, 2], 1, -2),                # leader epoch
+          ("t", 5, [1, 1, 3], [1, 2], 1, 3),                 # repeated replica
+          ("t", 6, [1, 2, 3], [2, -1], 1, 3),                # negative ISR member
+          ("t", 7, list(range(40)), [1, 2], 1, 3),           # over max.replication.factor
+          ("t", 8, [1, 2, 3], [1, 2], 1, 3)]
+
+
+def test_a_requests_partition_states_checked_in_one_pass_are_judged_as_each_alone():
+    from replikafka.broker import wire_limits as W
+    states = _states(pb.LeaderAndIsrRequest(), *_MIXED).partitions
+    together = W.partition_state_errors(states, WireLimits())
+    alone = [W._partition_state_error_alone(s, WireLimits()) for s in states]
+    assert [(type(e), str(e)) if e else None for e in together] == \
+        [(type(e), str(e)) if e else None for e in alone]
+    assert [i for i, e in enumerate(together) if e is None] == [0, 1, 10]
+    assert "t-5 replicas" in str(together[7]) and "100000" in str(together[3])
+
+
+def test_an_update_metadata_all_legal_goes_on_uncopied_and_one_with_illegal_entries_without_them():
+    """A failover's UpdateMetadata (33,333 entries) is passed on as it came when all of it
+    is legal; otherwise a request of only the legal entries."""
+    guard = ControlPlaneGuard(ZkView({"t": {p: [1, 2, 3] for p in range(9)}}), WireLimits())
+    legal = _states(pb.UpdateMetadataRequest(controller_id=1, controller_epoch=5),
+                    *[e for e in _MIXED if e[1] in (0, 1, 8) and e[0] == "t"])
+    out = guard.filter_update_metadata(legal)
+    assert out is legal and [s.partition for s in out.partitions] == [0, 1, 8] and not out.full
+    mixed = _states(pb.UpdateMetadataRequest(controller_id=1, controller_epoch=5), *_MIXED)
+    out = guard.filter_update_metadata(mixed)
+    assert out is not mixed and [(s.topic, s.partition) for s in out.partitions] == [("t", 0), ("t", 1), ("t", 8)]
+    # A full update, all legal: of the cached topics it does not name, only those ZooKeeper
+    # no longer has are deleted, and it replaces nothing else (in place, as it came).
+    full = _states(pb.UpdateMetadataRequest(controller_id=1, controller_epoch=5, full=True),
+                   ("t", 0, [1, 2, 3], [1, 2], 1, 3))
+    out = guard.filter_update_metadata(full, cached_topics=["t", "gone-from-zk"])
+    assert out is full and not out.full and list(out.deleted_topics) == ["gone-from-zk"]
+
+
+def test_a_leader_and_isr_entry_whose_replicas_share_none_with_zookeepers_is_refused_among_legal_ones():
+    """Replicas other than ZooKeeper's are obeyed while they overlap (a reassignment moving
+    them); an entry sharing none is forged or confused. Judged per (replicas, ZooKeeper's)
+    pair once per request, so each entry of a pair gets the same answer."""
+    guard = ControlPlaneGuard(ZkView({"t": {p: [1, 2] for p in range(6)}}), WireLimits())
+    req = _states(pb.LeaderAndIsrRequest(controller_id=1, controller_epoch=5),
+                  ("t", 0, [1, 2], [1, 2], 1, 3), ("t", 1, [3, 4], [3, 4], 3, 3), ("t", 2, [2, 3], [2], 2, 3),
+                  ("t", 3, [3, 4], [3], 3, 3), ("t", 4, [2, 1], [2, 1], 2, 3), ("t", 5, [4, 3], [4], 4, 3))
+    out, errors = guard.filter_leader_and_isr(req)
+    assert [s.partition for s in out.partitions] == [0, 2, 4]
+    assert [e.partition for e in errors] == [1, 3, 5] and "share none" in errors[0].error.message
