@@ -11,7 +11,12 @@ Each round, in a fresh child process:
   then every log's files and mappings are released as idle (the broker does so after
   ``log.idle.release.ms``, 60 s, long before a failover at this size);
 * failover: broker 3 died: one LeaderAndIsr of its N/3 partitions, half led by
-  broker 1 now (epoch 1), half by broker 2 (broker 1 follows);
+  broker 1 now (epoch 1), half by broker 2 (broker 1 follows); failover-um: the
+  UpdateMetadata of those new leaders; isr-lai and isr-um: the controller's second
+  round, broker 3 taken out of the ISRs of the 2N/3 partitions whose leader lives
+  (the same leader epoch), a LeaderAndIsr and an UpdateMetadata. These four go
+  through the control-plane guard (``broker/control_plane_guard.py``, ZooKeeper's
+  answers scripted) with the collector paused, as the RPC layer sends them;
 * first write: one acks=1 Produce of one record to each partition broker 1 now
   leads (what the bench's ``_write_all`` sends), wire bytes in, wire bytes out;
 * second write: the same again (a later write to a leader); with ``--gil-load K``,

@@ -85,11 +85,6 @@ def check_topic_partition(topic: str, partition: int, limits: WireLimits) -> Non
     check_partition_id(topic, partition, limits)
 
 
-def partition_state_error(s: pb.PartitionState, limits: WireLimits) -> E.ReplikafkaError | None:
-    """Why a controller's PartitionState is not legal, or None."""
-    return partition_state_errors([s], limits)[0]
-
-
 def partition_state_errors(states, limits: WireLimits) -> list[E.ReplikafkaError | None]:
     """:func:`partition_state_error` of each of ``states`` (a request's), in one pass:
     each distinct topic name and replica list is checked once, and an entry's name is
@@ -115,14 +110,15 @@ def partition_state_errors(states, limits: WireLimits) -> list[E.ReplikafkaError
             replicas, isr = tuple(s.replicas), tuple(s.isr)
             if not 0 <= partition < partitions_max or replicas not in legal_lists or isr not in legal_lists \
                     or s.leader < -1 or s.leader_epoch < -1:
-                err = _partition_state_error_alone(s, limits)
+                err = partition_state_error(s, limits)
                 if err is None:
                     legal_lists.update((replicas, isr))
         out.append(err)
     return out
 
 
-def _partition_state_error_alone(s: pb.PartitionState, limits: WireLimits) -> E.ReplikafkaError | None:
+def partition_state_error(s: pb.PartitionState, limits: WireLimits) -> E.ReplikafkaError | None:
+    """Why a controller's PartitionState is not legal, or None."""
     try:
         check_topic_partition(s.topic, s.partition, limits)
         where = f"{s.topic}-{s.partition}"

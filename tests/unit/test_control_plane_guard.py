@@ -149,7 +149,7 @@ def test_a_requests_partition_states_checked_in_one_pass_are_judged_as_each_alon
     from replikafka.broker import wire_limits as W
     states = _states(pb.LeaderAndIsrRequest(), *_MIXED).partitions
     together = W.partition_state_errors(states, WireLimits())
-    alone = [W._partition_state_error_alone(s, WireLimits()) for s in states]
+    alone = [W.partition_state_error(s, WireLimits()) for s in states]
     assert [(type(e), str(e)) if e else None for e in together] == \
         [(type(e), str(e)) if e else None for e in alone]
     assert [i for i, e in enumerate(together) if e is None] == [0, 1, 10]
