@@ -522,8 +522,14 @@ BROKER_CONFIG_KEYS: list[ConfigKey] = [
        "A write to a log segment of at most this many bytes (a copy into the page cache) keeps Python's GIL "
        "instead of giving it up and waiting a switch interval to take it back; if such a write hangs on the "
        "disk the whole broker waits, and its leaderships move once its ZooKeeper session expires. "
-       "0 = every write gives the GIL up (a segment's reopen and a read mapping's open keep it either way).",
+       "0 = every write gives the GIL up (a segment's reopen and a read mapping's open keep it unless "
+       "python.gil.kept.file.calls.enable is false).",
        Range(0, INT_MAX)),
+    _k("python.gil.kept.file.calls.enable", BOOLEAN, True, "bool",
+       "Whether the file calls that keep Python's GIL do (segment writes up to python.gil.kept.write.max.bytes, "
+       "a segment's reopen for writing, a read mapping's open, size, map, unmap and close); false = each gives "
+       "the GIL up, for log dirs on a file system that can hang (NFS): a hung call then stalls its own thread, "
+       "not the whole broker."),
     _k("python.gc.generation0.threshold.objects", INT, 50_000, "objects",
        "Net new objects between collections of Python's youngest generation (gc.set_threshold's first value; "
        "Python's default is 700, which promotes a request's objects to the old generation while it runs); "

@@ -40,7 +40,7 @@ from replikafka.broker.rpc_server import BrokerServicer, OpenGate, RpcPipeline
 from replikafka.broker.state_change_log import LOGGER_NAME as STATE_CHANGE_LOGGER, StateChangeFormatter
 from replikafka.broker.controller.controller_events import SessionReestablished, TopicConfigChange
 from replikafka.broker.storage.clock import SYSTEM_CLOCK
-from replikafka.broker.storage.fileio import set_kept_write_max_bytes
+from replikafka.broker.storage.fileio import set_gil_kept_file_calls, set_kept_write_max_bytes
 from replikafka.broker.startup_failure import check_port_free, startup_failure_line
 from replikafka.broker.control_plane_guard import ControlPlaneGuard, ZkClusterTruth
 from replikafka.broker.storage.log_manager import LogManager
@@ -588,6 +588,7 @@ def tune_process(config: BrokerConfig) -> None:
     if switch_us > 0:
         sys.setswitchinterval(switch_us / 1e6)
     set_kept_write_max_bytes(config.get("python.gil.kept.write.max.bytes"))
+    set_gil_kept_file_calls(config.get("python.gil.kept.file.calls.enable"))
     young_objects = config.get("python.gc.generation0.threshold.objects")
     if young_objects > 0:
         _, older1, older2 = gc.get_threshold()

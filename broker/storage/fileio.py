@@ -6,9 +6,10 @@ rewritten file reaches disk: write `<path>.tmp`, flush, fsync, rename over
 under `<path>`, never a torn one; a leftover `.tmp` is ignored by readers and
 removed on the next load.
 
-Thread-safety: the functions hold no state but one process-wide setting, the size
-of the writes that keep the GIL (set once at start, `set_kept_write_max_bytes`); two
-writers of the same path must be serialised by their caller (they share the tmp name).
+Thread-safety: the functions hold no state but two process-wide settings, which
+calls keep the GIL and the size of the writes that do (set once at start,
+`set_gil_kept_file_calls`, `set_kept_write_max_bytes`); two writers of the same path
+must be serialised by their caller (they share the tmp name).
 """
 from __future__ import annotations
 
@@ -26,13 +27,6 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 # GIL: a call that gives it up waits to take it back until the thread running
 # Python reaches its switch interval, and a survivor serving a failover's first
 # follower fetches maps thousands of idle-released segments beside busy threads.
-_LIBC_KEEPING_GIL = ctypes.PyDLL(None, use_errno=True)
-_MMAP = _LIBC_KEEPING_GIL.mmap
-_MMAP.restype = ctypes.c_void_p
-_MMAP.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_MUNMAP = _LIBC_KEEPING_GIL.munmap
-_MUNMAP.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
 # Opening an existing file, its size and closing a read-only descriptor usually touch
 # only the kernel's caches of names and inodes; a small buffered write is a copy into
 # the page cache. Kept calls for the same reason: a survivor's first write to, and first
@@ -40,20 +34,42 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 # once a partition, and each waited a switch interval to take the GIL back. A small
 # write waits on the device only when the kernel throttles writers (too many dirty
 # pages) or the file system hangs; the whole broker then waits with it, and past
-# zookeeper.session.timeout.ms its session expires and its leaderships move.
-_OPEN = _LIBC_KEEPING_GIL.open
-_OPEN.restype = ctypes.c_int
-_OPEN.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
-_LSEEK = _LIBC_KEEPING_GIL.lseek
-_LSEEK.restype = ctypes.c_int64
-_LSEEK.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
-_CLOSE = _LIBC_KEEPING_GIL.close
-_CLOSE.restype = ctypes.c_int
-_CLOSE.argtypes = [ctypes.c_int]
-_PWRITE = _LIBC_KEEPING_GIL.pwrite
-_PWRITE.restype = ctypes.c_ssize_t
-_PWRITE.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
-# Writes of at most this many bytes keep the GIL (`python.gil.kept.write.max.bytes`).
+# zookeeper.session.timeout.ms its session expires and its leaderships move. Where log
+# dirs sit on a file system that can hang (NFS), `set_gil_kept_file_calls(False)`
+# makes every one of these calls give the GIL up: a hung call then stalls its thread.
+
+
+class _LibcCalls:
+    """The C library's file calls the storage makes through ctypes: through a
+    ``ctypes.PyDLL`` they keep the GIL, through a ``ctypes.CDLL`` they give it up."""
+
+    def __init__(self, lib):
+        self.mmap = lib.mmap
+        self.mmap.restype = ctypes.c_void_p
+        self.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        self.munmap = lib.munmap
+        self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.open = lib.open
+        self.open.restype = ctypes.c_int
+        self.open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+        self.lseek = lib.lseek
+        self.lseek.restype = ctypes.c_int64
+        self.lseek.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+        self.close = lib.close
+        self.close.restype = ctypes.c_int
+        self.close.argtypes = [ctypes.c_int]
+        self.pwrite = lib.pwrite
+        self.pwrite.restype = ctypes.c_ssize_t
+        self.pwrite.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
+
+
+_KEEPING_GIL = _LibcCalls(ctypes.PyDLL(None, use_errno=True))
+_GIVING_GIL_UP = _LibcCalls(ctypes.CDLL(None, use_errno=True))   # its own handle: its own argtypes
+_MAP_FAILED = ctypes.c_void_p(-1).value
+# The calls above as set (`python.gil.kept.file.calls.enable`), and the writes of at
+# most this many bytes that go through them (`python.gil.kept.write.max.bytes`).
+_calls = _KEEPING_GIL
 _kept_write_max_bytes = 64 * 1024
 
 
@@ -62,6 +78,14 @@ def set_kept_write_max_bytes(limit: int) -> None:
     0: every write gives it up (the broker's `python.gil.kept.write.max.bytes`)."""
     global _kept_write_max_bytes
     _kept_write_max_bytes = max(0, int(limit))
+
+
+def set_gil_kept_file_calls(enabled: bool) -> None:
+    """Process-wide: False makes every file call of this module give the GIL up (the
+    opens, sizes, closes, mappings and small writes that keep it; the broker's
+    `python.gil.kept.file.calls.enable`)."""
+    global _calls
+    _calls = _KEEPING_GIL if enabled else _GIVING_GIL_UP
 
 
 def _checked(result: int, what: str, path: str | None = None) -> int:
@@ -73,10 +97,11 @@ def _checked(result: int, what: str, path: str | None = None) -> int:
 
 
 def open_keeping_gil(path: str, flags: int, mode: int = 0o644) -> int:
-    """os.open(path, flags, mode) keeping the GIL (see above): for existing files."""
+    """os.open(path, flags, mode) keeping the GIL (see above; unless `set_gil_kept_file_calls`
+    turned that off): for existing files."""
     encoded = os.fsencode(path)
     while True:
-        fd = _OPEN(encoded, flags | os.O_CLOEXEC, mode)
+        fd = _calls.open(encoded, flags | os.O_CLOEXEC, mode)
         if fd >= 0 or ctypes.get_errno() != errno.EINTR:
             return _checked(fd, "open", path)
 
@@ -107,7 +132,7 @@ class _Mapping:
         self.address, self.length = address, length
 
     def __del__(self):
-        _MUNMAP(self.address, self.length)
+        _calls.munmap(self.address, self.length)
 
 
 def map_file(path: str, min_size: int = 0, headroom: int = 0):
@@ -124,18 +149,18 @@ def map_file(path: str, min_size: int = 0, headroom: int = 0):
 
     fd = open_keeping_gil(path, os.O_RDONLY)
     try:
-        size = _checked(_LSEEK(fd, 0, os.SEEK_END), "lseek", path)
+        size = _checked(_calls.lseek(fd, 0, os.SEEK_END), "lseek", path)
         if size < min_size:
             raise CorruptRecordError(f"{path}: file holds {size} bytes, expected at least {min_size}")
         length = size + headroom
         if length <= 0:
             return pa.py_buffer(b"")
-        address = _MMAP(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        address = _calls.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if address is None or address == _MAP_FAILED:
             err = ctypes.get_errno()
             raise OSError(err, f"mmap: {os.strerror(err)}", path)
     finally:
-        _CLOSE(fd)        # a read-only descriptor: nothing to report on close
+        _calls.close(fd)        # a read-only descriptor: nothing to report on close
     return pa.foreign_buffer(address, length, base=_Mapping(address, length))
 
 
@@ -177,10 +202,11 @@ def pwritev_all(fd: int, pieces, position: int) -> int:
     """Write the concatenation of `pieces` (bytes-like objects) at `position` with
     os.pwritev, resuming after short writes. Returns the bytes written. At most
     `set_kept_write_max_bytes` bytes are written keeping the GIL (one ``pwrite`` of
-    the pieces joined: a copy that size costs less than a take-back of the GIL)."""
+    the pieces joined: a copy that size costs less than a take-back of the GIL), unless
+    `set_gil_kept_file_calls` turned kept calls off."""
     size = sum(len(p) for p in pieces)
     if 0 < size <= _kept_write_max_bytes:
-        return _pwrite_keeping_gil(fd, pieces, size, position)
+        return _pwrite_joined(fd, pieces, size, position)
     pending = [p for p in pieces if len(p)]
     total = 0
     i = 0
@@ -198,7 +224,7 @@ def pwritev_all(fd: int, pieces, position: int) -> int:
     return total
 
 
-def _pwrite_keeping_gil(fd: int, pieces, size: int, position: int) -> int:
+def _pwrite_joined(fd: int, pieces, size: int, position: int) -> int:
     """`pwritev_all` of ``size`` bytes in one buffer: the one piece as it is if Arrow
     holds it, else the pieces joined."""
     import pyarrow as pa
@@ -207,7 +233,7 @@ def _pwrite_keeping_gil(fd: int, pieces, size: int, position: int) -> int:
     address = data.address if isinstance(data, pa.Buffer) else ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
     written = 0
     while written < size:
-        n = _PWRITE(fd, address + written, size - written, position + written)
+        n = _calls.pwrite(fd, address + written, size - written, position + written)
         if n < 0 and ctypes.get_errno() == errno.EINTR:
             continue
         _checked(n, "pwrite")

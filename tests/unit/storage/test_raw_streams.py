@@ -168,18 +168,57 @@ def test_kept_calls_raise_oserror_with_the_errno(tmp_path):
     assert fileio.map_file(str(tmp_path / "ro")).to_pybytes() == b"ok"
 
 
+_FILE_CALLS = ("open", "lseek", "close", "mmap", "munmap", "pwrite")
+
+
+def test_every_kept_call_can_be_made_to_give_the_gil_up(tmp_path, monkeypatch):
+    """python.gil.kept.file.calls.enable=false (log dirs on a file system that can hang):
+    the reopen, the small write and the read mapping's open, size, map, unmap and close
+    all go through ``ctypes.CDLL``'s calls, which give the GIL up (ctypes marks the
+    ones that keep it, ``PyDLL``'s, with FUNCFLAG_PYTHONAPI); the file and its mapping
+    hold the same."""
+    import ctypes
+    import gc
+    keeps = ctypes._FUNCFLAG_PYTHONAPI
+    assert all(getattr(fileio._KEEPING_GIL, n)._flags_ & keeps for n in _FILE_CALLS)
+    assert not any(getattr(fileio._GIVING_GIL_UP, n)._flags_ & keeps for n in _FILE_CALLS)
+    used = []
+    for name in _FILE_CALLS:
+        real = getattr(fileio._GIVING_GIL_UP, name)
+        monkeypatch.setattr(fileio._GIVING_GIL_UP, name, lambda *a, n=name, f=real: used.append(n) or f(*a))
+    monkeypatch.setattr(fileio, "_calls", fileio._KEEPING_GIL)
+    path = str(tmp_path / "segment")
+    open(path, "wb").close()
+    fileio.set_gil_kept_file_calls(False)
+    fd = fileio.open_keeping_gil(path, os.O_WRONLY)
+    try:
+        assert fileio.pwritev_all(fd, [b"abc", pa.py_buffer(b"def")], 0) == 6
+    finally:
+        os.close(fd)
+    mapped = fileio.map_file(path)
+    assert mapped.to_pybytes() == b"abcdef"
+    del mapped
+    gc.collect()
+    assert set(used) == set(_FILE_CALLS)
+    fileio.set_gil_kept_file_calls(True)
+    assert fileio._calls is fileio._KEEPING_GIL
+
+
 def test_the_broker_setting_sets_the_limit():
-    """python.gil.kept.write.max.bytes reaches the storage's writes (tune_process)."""
+    """python.gil.kept.write.max.bytes and python.gil.kept.file.calls.enable reach the
+    storage's calls (tune_process)."""
     import gc
     import sys
     from replikafka.broker.config import BrokerConfig
     from replikafka.broker.server import tune_process
-    before = fileio._kept_write_max_bytes, sys.getswitchinterval(), gc.get_threshold()
+    before = fileio._kept_write_max_bytes, sys.getswitchinterval(), gc.get_threshold(), fileio._calls
     try:
         tune_process(BrokerConfig.from_dict({"broker.id": 1, "zookeeper.connect": "zk:1", "log.dirs": "/tmp/x",
-                                             "python.gil.kept.write.max.bytes": 0}))
-        assert fileio._kept_write_max_bytes == 0
+                                             "python.gil.kept.write.max.bytes": 0,
+                                             "python.gil.kept.file.calls.enable": "false"}))
+        assert fileio._kept_write_max_bytes == 0 and fileio._calls is fileio._GIVING_GIL_UP
     finally:       # tune_process's other settings are the process's: put them back too
+        fileio._calls = before[3]
         fileio.set_kept_write_max_bytes(before[0])
         sys.setswitchinterval(before[1])
         gc.set_threshold(*before[2])
