@@ -14,9 +14,9 @@ Each round, in a fresh child process:
   broker 1 now (epoch 1), half by broker 2 (broker 1 follows); failover-um: the
   UpdateMetadata of those new leaders; isr-lai and isr-um: the controller's second
   round, broker 3 taken out of the ISRs of the 2N/3 partitions whose leader lives
-  (the same leader epoch), a LeaderAndIsr and an UpdateMetadata. These four go
-  through the control-plane guard (``broker/control_plane_guard.py``, ZooKeeper's
-  answers scripted) with the collector paused, as the RPC layer sends them;
+  (the same leader epoch), a LeaderAndIsr and an UpdateMetadata. These four are
+  handled by the RPC layer's own methods (``rpc_server.BrokerServicer``: the
+  control-plane guard, ZooKeeper's answers scripted, with the collector paused);
 * first write: one acks=1 Produce of one record to each partition broker 1 now
   leads (what the bench's ``_write_all`` sends), wire bytes in, wire bytes out;
 * second write: the same again (a later write to a leader); with ``--gil-load K``,
@@ -128,24 +128,25 @@ def child(args) -> None:
     topic_schema = R.parse_schema("value BINARY")
     schema = R.schema_to_bytes(R.stored_schema(topic_schema))
 
-    def lai(states, epoch) -> bytes:
-        req = pb.LeaderAndIsrRequest(controller_id=2, controller_epoch=epoch, broker_epoch=10)
-        t = req.topics.add()
-        t.name, t.schema, t.topic_id = TOPIC, schema, "tid"
-        for p, leader, leader_epoch, isr, *version in states:   # version: the state's znode's (its epoch)
+    def add_states(req, states, epoch):
+        """(partition, leader, leader epoch, ISR[, znode version: the epoch if not given])."""
+        for p, leader, leader_epoch, isr, *version in states:
             req.partitions.add(topic=TOPIC, partition=p, leader=leader, leader_epoch=leader_epoch, isr=isr,
                                replicas=[1, 2, 3], zk_version=version[0] if version else leader_epoch,
                                controller_epoch=epoch)
         return req.SerializeToString()
 
+    def lai(states, epoch) -> bytes:
+        req = pb.LeaderAndIsrRequest(controller_id=2, controller_epoch=epoch, broker_epoch=10)
+        t = req.topics.add()
+        t.name, t.schema, t.topic_id = TOPIC, schema, "tid"
+        return add_states(req, states, epoch)
+
     def um(states, epoch) -> bytes:
         req = pb.UpdateMetadataRequest(controller_id=2, controller_epoch=epoch)
         for b in (1, 2):
             req.live_brokers.add(id=b, host="127.0.0.1", port=9000 + b, broker_epoch=10 * b)
-        for p, leader, leader_epoch, isr, version in states:
-            req.partitions.add(topic=TOPIC, partition=p, leader=leader, leader_epoch=leader_epoch, isr=isr,
-                               replicas=[1, 2, 3], zk_version=version, controller_epoch=epoch)
-        return req.SerializeToString()
+        return add_states(req, states, epoch)
 
     class Truth:
         """What ZooKeeper says after broker 3 died (the guard's ClusterTruth)."""
@@ -158,28 +159,24 @@ def child(args) -> None:
                 epochs.update({1: 10, 2: 20})
             return {1: ("127.0.0.1", 9001), 2: ("127.0.0.1", 9002)}
 
-    from replikafka.broker.bulk_work import paused_gc
+    from types import SimpleNamespace
     from replikafka.broker.control_plane_guard import ControlPlaneGuard
+    from replikafka.broker.rpc_server import BrokerServicer
     from replikafka.broker.wire_limits import WireLimits
-    guard = ControlPlaneGuard(Truth(), WireLimits())
+    # The RPC layer's own handlers of controller requests (the guard, the paused
+    # collector, the replica manager and metadata cache), over this process's parts.
+    servicer = BrokerServicer(SimpleNamespace(replica_manager=rm, admin_manager=None, config=cfg, metadata=metadata,
+                                              control_guard=ControlPlaneGuard(Truth(), WireLimits())))
 
     def controller_request(kind: str, wire: bytes):
-        """A controller's request as the RPC shell (``broker/rpc_server.py``) handles it:
-        parsed, checked by the control-plane guard, applied."""
+        """A controller's request, parsed and handled by ``rpc_server.BrokerServicer``."""
         if kind == "LeaderAndIsr":
-            req = pb.LeaderAndIsrRequest.FromString(wire)
-            guard.check_controller(req.controller_id, req.controller_epoch)
-            with paused_gc():
-                req, refused = guard.filter_leader_and_isr(req)
-                assert not refused, refused[:3]
-                out = replica_rpc.leader_and_isr(rm, metadata, req)
-            assert not [r for r in out.partitions if r.error.code], out.partitions[:3]
+            out = servicer.LeaderAndIsr(pb.LeaderAndIsrRequest.FromString(wire), None)
+            refused = [r for r in out.partitions if r.error.code]
+            assert not out.error.code and not refused, (out.error, refused[:3])
         else:
-            req = pb.UpdateMetadataRequest.FromString(wire)
-            guard.check_controller(req.controller_id, req.controller_epoch)
-            with paused_gc():
-                req = guard.filter_update_metadata(req, metadata.topic_names())
-                replica_rpc.handle_update_metadata(rm, metadata, replica_rpc.update_metadata_request(req))
+            out = servicer.UpdateMetadata(pb.UpdateMetadataRequest.FromString(wire), None)
+            assert not out.error.code, out.error
 
     b = R.to_record_batch([{"value": b"x"}], topic_schema, timestamp_ms=0)
     payload = R.encode_stream(b.schema, [b]).to_pybytes()

@@ -19,7 +19,8 @@ all their batch messages: one read, one validation (the same, not full, as each
 batch's), then the row count and largest timestamp of each batch against its header
 (`batch_format.check_decoded`, over the read's chunks). A stream that does not frame
 or check, a larger one, one of fewer than ``GROUP_MIN_STREAMS`` of its schema, and
-every stream of a group Arrow refuses, get None: the log checks it alone, which is how a refusal names its stream and what is wrong.
+every stream of a group Arrow refuses, get None: the log checks it alone, which is
+how a refusal names its stream and what is wrong.
 
 A `CheckedStream` holds the stream's messages as zero-copy slices of its buffer, and
 the schema message the checks were made against: `Log.append_raw` trusts it only if
